@@ -1,0 +1,41 @@
+# Two entry points do everything on a fresh machine:
+#   make screen   set up, then screen the example config
+#   make test     set up, then lint and run the test suite (what CI runs)
+# Set-up is idempotent and fast once done: a stamp records the installed pyproject.toml.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+# torch first, pinned: this CPU build lies on disk here; an unpinned torch would pull a multi-GB CUDA build.
+TORCH  := torch==2.13.0
+STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+SCREEN ?= screens/gpt-small-noln.yaml
+
+.PHONY: install screen test lint format clean bench-norms
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check $(TORCH)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	rm -f $(VENV)/.installed-* && touch $@
+
+screen: install
+	$(BIN)/rksp screen $(SCREEN)
+
+test: install
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest
+
+lint: install
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+format: install
+	$(BIN)/ruff check --fix . && $(BIN)/ruff format .
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info
+
+bench-norms: install
+	$(BIN)/python benchmarks/norm_table.py

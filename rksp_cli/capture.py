@@ -1,0 +1,63 @@
+"""Read the residual stream h_0 .. h_L with forward hooks, at a fixed sample of token positions.
+
+Hooks, not ``output_hidden_states``: transformers applies the final norm to the last entry of
+``hidden_states``, and the paper's h_L is the stream before that norm (method reference 1.1).
+h_0 is the input of the first block (a forward pre-hook), so it is exactly what the blocks see:
+embeddings after any scaling or embedding norm the architecture applies.
+
+Only the sampled token states are kept (as float64 on the CPU), so memory is O(L N d), whatever
+the batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def sample_positions(n_positions: int, n_tokens: int, generator: torch.Generator) -> torch.Tensor:
+    """N flat (batch x position) indices drawn without replacement (App. D.3)."""
+    if n_tokens > n_positions:
+        raise ValueError(f"cannot sample {n_tokens} token states from {n_positions} positions")
+    return torch.randperm(n_positions, generator=generator)[:n_tokens]
+
+
+def capture_residual_stream(
+    blocks: Sequence[nn.Module],
+    forward: Callable[[], Any],
+    positions: torch.Tensor,
+) -> tuple[list[torch.Tensor], Any]:
+    """Run ``forward`` once, no grad; return ([h_0, ..., h_L] each (N, d) float64, forward's result)."""
+    states: list[torch.Tensor | None] = [None] * (len(blocks) + 1)
+
+    def take(h: Any, where: str) -> torch.Tensor:
+        if isinstance(h, (tuple, list)):
+            h = h[0]
+        if not isinstance(h, torch.Tensor) or h.ndim != 3:
+            raise RuntimeError(f"{where}: expected a (batch, positions, d) hidden-state tensor, got {type(h).__name__}")
+        return h.detach().reshape(-1, h.shape[-1])[positions.to(h.device)].to("cpu", torch.float64)
+
+    def before_first(module: nn.Module, args: tuple, kwargs: dict) -> None:
+        states[0] = take(args[0] if args else kwargs["hidden_states"], "input of block 0")
+
+    def after(index: int) -> Callable[..., None]:
+        def hook(module: nn.Module, args: tuple, output: Any) -> None:
+            states[index + 1] = take(output, f"output of block {index}")
+
+        return hook
+
+    handles = [blocks[0].register_forward_pre_hook(before_first, with_kwargs=True)]
+    handles += [block.register_forward_hook(after(i)) for i, block in enumerate(blocks)]
+    try:
+        with torch.no_grad():
+            result = forward()
+    finally:
+        for handle in handles:
+            handle.remove()
+    missing = [i for i, s in enumerate(states) if s is None]
+    if missing:
+        raise RuntimeError(f"the forward pass never reached residual states {missing}")
+    return states, result  # type: ignore[return-value]

@@ -1,0 +1,329 @@
+"""Whitened DMD of one residual-stream transition, and the spectral features built on it.
+
+Pure tensor math: nothing here knows about models. Snapshots are ``(d, N)`` matrices whose
+columns are token states (RKSP paper, App. D.3): ``X`` holds h_l and ``Y`` holds h_{l+1} for the
+same N tokens. Every formula and constant follows ``shared/docs/method-reference.md`` (sections
+1.2-1.6); the choices the paper leaves open are marked "design choice" where they are made.
+
+Three estimators (``rank``):
+
+* ``"auto"`` (default): exact DMD in the data subspace. X is centred and factored by a thin SVD,
+  X_c = U S V^T, and the whitened operator is formed in the r-dimensional span of U, where r is
+  the numerical rank of X_c. When X_c has full row rank (N - 1 >= d) this is
+  *the same operator* as full DMD, Y~ X~^+, expressed in an orthonormal basis, so every
+  eigenvalue agrees. When d > N - 1, full DMD has d - r structural zero eigenvalues that come
+  from the sample size alone (they cap the near-unit mass at r/d); the data-subspace estimator
+  keeps exactly the r non-structural ones. Whitening stays an exact similarity in that subspace.
+  Cost: O(d N min(d, N)) for the SVD plus O(r^3) for the eigendecomposition, never d x d.
+* ``"full"``: the textbook d x d estimator (eigh whitening, pseudo-inverse, d x d eig), as the
+  paper writes it, structural zeros included; the pseudo-inverse is cut at the numerical rank of
+  X_c. Kept for reproduction and as the reference
+  the tests compare ``"auto"`` against.
+* an integer r: the paper's randomized DMD (Erichson et al.; oversampling 10, 2 power
+  iterations). After whitening the snapshot spectrum is flat, so the "top-r" subspace is chosen
+  by the random test matrix and masses depend on the seed; we average ``range_seeds`` seeds and
+  report the spread of the near-unit mass across them (design choice, method reference 1.3).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+# Spectral bands on |lambda| (RKSP paper, Def. 1: eps_u = 0.05, eps_n = 0.10, delta_c = 0.20).
+EXPANSIVE_ABOVE = 1.05
+NEAR_UNIT_FROM = 0.90
+GAP_FROM = 0.80
+
+Rank = Literal["auto", "full"] | int
+
+
+@dataclass(frozen=True)
+class DMDSettings:
+    """Estimator settings; defaults are the paper's where it gives them."""
+
+    rank: Rank = "auto"
+    eps: float = 1e-5  # ZCA regulariser on the X covariance (Eq. 8)
+    residual_tol: float | None = 0.1  # ResDMD cut tau (Eq. 10); None keeps every eigenvalue
+    residual_eps: float = 1e-12  # design choice: denominator guard in the ResDMD residual
+    eta_eps: float = 1e-8  # design choice: denominator guard in eta_nl
+    degenerate_tol: float = 1e-3  # design choice: ||Y~ - X~|| / ||X~|| below this is "identity"
+    seed: int = 0  # randomized DMD: first range-finder seed
+    range_seeds: int = 5  # randomized DMD: seeds averaged (design choice, >= 5)
+    oversample: int = 10  # randomized DMD: p (design choice, after Erichson)
+    power_iters: int = 2  # randomized DMD: q (design choice, after Erichson)
+
+
+@dataclass
+class LayerSpectrum:
+    """The Koopman profile of one transition h_l -> h_{l+1}."""
+
+    eigenvalues: torch.Tensor  # complex128, every eigenvalue before the ResDMD filter
+    kept: torch.Tensor  # bool mask: survivors of the ResDMD filter
+    spectral_radius: float  # over all eigenvalues, before filtering (design choice)
+    kappa: float  # condition number of the unit-norm eigenvector matrix, before filtering
+    eta_nl: float  # ||Y~ - A X~||_F / ||Y~ - X~||_F: how far the transition is from linear
+    update_ratio: float  # ||Y~ - X~||_F / ||X~||_F: the size of the block's update
+    expansive_mass: float
+    near_unit_mass: float
+    gap_mass: float
+    contractive_mass: float
+    degenerate: bool  # the block is (numerically) the identity: its spectrum carries no signal
+    filter_fallback: bool  # the ResDMD filter removed everything, so all eigenvalues were used
+    estimator: str
+    near_unit_spread: float = 0.0  # randomized DMD only: std of M~1 over range-finder seeds
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def n_kept(self) -> int:
+        return int(self.kept.sum())
+
+
+def spectral_masses(eigenvalues: torch.Tensor) -> dict[str, float]:
+    """Unweighted fractions of eigenvalues in each |lambda| band (RKSP paper, Def. 1)."""
+    mod = eigenvalues.abs()
+    n = mod.numel()
+    if n == 0:
+        nan = float("nan")
+        return dict(expansive_mass=nan, near_unit_mass=nan, gap_mass=nan, contractive_mass=nan)
+    near = (mod >= NEAR_UNIT_FROM) & (mod <= EXPANSIVE_ABOVE)
+    gap = (mod >= GAP_FROM) & (mod < NEAR_UNIT_FROM)
+    return dict(
+        expansive_mass=float((mod > EXPANSIVE_ABOVE).sum()) / n,
+        near_unit_mass=float(near.sum()) / n,
+        gap_mass=float(gap.sum()) / n,
+        contractive_mass=float((mod < GAP_FROM).sum()) / n,
+    )
+
+
+def layer_spectrum(X: torch.Tensor, Y: torch.Tensor, settings: DMDSettings = DMDSettings()) -> LayerSpectrum:
+    """Profile one transition from snapshot matrices ``X`` (h_l) and ``Y`` (h_{l+1}), each (d, N)."""
+    if X.shape != Y.shape or X.ndim != 2:
+        raise ValueError(f"X and Y must be (d, N) matrices of one shape, got {tuple(X.shape)} and {tuple(Y.shape)}")
+    if X.shape[1] < 2:
+        raise ValueError("DMD needs at least 2 token states")
+    X = X.to(torch.float64)
+    Y = Y.to(torch.float64)
+    if settings.rank == "full":
+        Xw, Yw = _whiten_full(X, Y, settings.eps)
+        U, S, Vh = torch.linalg.svd(Xw, full_matrices=False)
+        r = _numerical_rank(torch.linalg.svdvals(X - X.mean(1, keepdim=True)), *X.shape)
+        A = (
+            Yw @ (Vh[:r].T / S[:r]) @ U[:, :r].T
+        )  # Y~ X~^+ cut at rank(X_c): pinv's own cut keeps round-off the whitening amplified
+        return _analyse(A, Xw, Yw, settings, "full whitened DMD (d x d)")
+    Xw, Yw, Vh, sx = _whiten_in_data_subspace(X, Y, settings.eps)
+    if Xw.shape[0] == 0:
+        return _no_variance(X.shape[0])
+    if settings.rank == "auto":
+        A = (Yw @ Vh.T) / sx  # Y~ X~^+ in the data basis: Xw^+ = V diag(1/sx)
+        r, d = Xw.shape[0], X.shape[0]
+        name = "whitened DMD" if r == d else f"whitened DMD in the {r}-dim data subspace (d={d})"
+        return _analyse(A, Xw, Yw, settings, name)
+    return _randomized(Xw, Yw, int(settings.rank), settings)
+
+
+def _whiten_full(X: torch.Tensor, Y: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """X-based ZCA whitening exactly as Eqs. 7-9 write it."""
+    n = X.shape[1]
+    Xc = X - X.mean(1, keepdim=True)
+    Yc = Y - Y.mean(1, keepdim=True)
+    cov = Xc @ Xc.T / (n - 1) + eps * torch.eye(X.shape[0], dtype=X.dtype, device=X.device)
+    s, U = torch.linalg.eigh(cov)
+    W = (U * s.rsqrt()) @ U.T
+    return W @ Xc, W @ Yc
+
+
+def _whiten_in_data_subspace(
+    X: torch.Tensor, Y: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Whitened snapshots in the orthonormal basis U of X's centred column space.
+
+    With X_c = U S V^T, the ZCA matrix acts on span(U) as U diag(D) U^T, D = (S^2/(N-1) + eps)^-1/2,
+    so U^T X~ = diag(D S) V^T and U^T Y~ = diag(D) U^T Y_c. Directions beyond the numerical rank
+    of X_c are dropped.
+    """
+    d, n = X.shape
+    Xc = X - X.mean(1, keepdim=True)
+    Yc = Y - Y.mean(1, keepdim=True)
+    U, S, Vh = torch.linalg.svd(Xc, full_matrices=False)
+    # Numerical rank of X_c, with numpy's matrix_rank tolerance. Decide it before whitening: the
+    # whitening boosts round-off directions (S ~ 1e-15) by eps^-1/2 and would make them look real.
+    keep = torch.arange(S.numel()) < _numerical_rank(S, d, n)
+    D = (S.square() / (n - 1) + eps).rsqrt()
+    sx = D * S
+    U, Vh, D, sx = U[:, keep], Vh[keep], D[keep], sx[keep]
+    Xw = sx[:, None] * Vh
+    Yw = D[:, None] * (U.T @ Yc)
+    return Xw, Yw, Vh, sx
+
+
+def _numerical_rank(S: torch.Tensor, d: int, n: int) -> int:
+    """Rank from singular values with numpy's matrix_rank tolerance."""
+    if S.numel() == 0 or S[0] == 0:
+        return 0
+    return int((S > S[0] * max(d, n) * torch.finfo(S.dtype).eps).sum())
+
+
+def _randomized(Xw: torch.Tensor, Yw: torch.Tensor, rank: int, settings: DMDSettings) -> LayerSpectrum:
+    """Randomized DMD (paper's recipe), averaged over ``range_seeds`` range-finder seeds."""
+    r_data, n = Xw.shape
+    r = min(rank, r_data)
+    runs = []
+    for k in range(settings.range_seeds):
+        gen = torch.Generator(device="cpu").manual_seed(settings.seed + k)
+        omega = torch.randn(n, r + settings.oversample, generator=gen, dtype=Xw.dtype).to(Xw.device)
+        Z = Xw @ omega
+        for _ in range(settings.power_iters):
+            Z = Xw @ (Xw.T @ Z)
+            Z, _ = torch.linalg.qr(Z)  # re-orthonormalise each pass for stability
+        Q, _ = torch.linalg.qr(Z)
+        Ur, sr, Vrh = torch.linalg.svd(Q.T @ Xw, full_matrices=False)
+        Ur, sr, Vrh = Ur[:, :r], sr[:r], Vrh[:r]
+        A = (Ur.T @ (Q.T @ Yw) @ Vrh.T) / sr
+        P = Q @ Ur  # orthonormal lift
+        spec = _analyse(A, P.T @ Xw, P.T @ Yw, settings, "")
+        lifted_fit = Yw - P @ (A @ (P.T @ Xw))
+        spec.eta_nl = _eta(lifted_fit, Yw - Xw, settings.eta_eps)
+        runs.append(spec)
+    masses = {k: sum(getattr(s, k) for s in runs) / len(runs) for k in _MASS_KEYS}
+    near = torch.tensor([s.near_unit_mass for s in runs], dtype=torch.float64)
+    update_ratio = _update_ratio(Xw, Yw)
+    return LayerSpectrum(
+        eigenvalues=torch.cat([s.eigenvalues for s in runs]),
+        kept=torch.cat([s.kept for s in runs]),
+        spectral_radius=sum(s.spectral_radius for s in runs) / len(runs),
+        kappa=sum(s.kappa for s in runs) / len(runs),
+        eta_nl=sum(s.eta_nl for s in runs) / len(runs),
+        update_ratio=update_ratio,
+        degenerate=update_ratio < settings.degenerate_tol,
+        filter_fallback=any(s.filter_fallback for s in runs),
+        estimator=f"randomized whitened DMD, rank {r}, mean of {len(runs)} range-finder seeds",
+        near_unit_spread=float(near.std(unbiased=False)),
+        **masses,
+    )
+
+
+_MASS_KEYS = ("expansive_mass", "near_unit_mass", "gap_mass", "contractive_mass")
+
+
+def _analyse(A: torch.Tensor, Xw: torch.Tensor, Yw: torch.Tensor, settings: DMDSettings, name: str) -> LayerSpectrum:
+    """Eigenvalues, kappa(V), ResDMD filter, eta_nl and masses of an operator fitted to (Xw, Yw)."""
+    lam, V = torch.linalg.eig(A)
+    V = V / torch.linalg.vector_norm(V, dim=0, keepdim=True)
+    notes: list[str] = []
+    try:
+        left = torch.linalg.inv(V)  # row j is u_j^* with u_j^* A = lambda_j u_j^*
+        kappa = float(torch.linalg.cond(V))
+    except RuntimeError:  # defective operator: the eigenvectors do not span
+        left, kappa = None, math.inf
+        notes.append("eigenvector matrix is singular (defective operator)")
+
+    kept = torch.ones_like(lam, dtype=torch.bool)
+    fallback = False
+    if settings.residual_tol is not None and left is not None:
+        LX = left @ Xw.to(left.dtype)
+        LY = left @ Yw.to(left.dtype)
+        num = torch.linalg.vector_norm(LY - lam[:, None] * LX, dim=1)
+        den = torch.linalg.vector_norm(LX, dim=1) + settings.residual_eps
+        kept = (num / den) <= settings.residual_tol
+        if not kept.any():
+            kept = torch.ones_like(kept)
+            fallback = True
+            notes.append("ResDMD filter removed every eigenvalue; using all of them")
+
+    update_ratio = _update_ratio(Xw, Yw)
+    return LayerSpectrum(
+        eigenvalues=lam,
+        kept=kept,
+        spectral_radius=float(lam.abs().max()) if lam.numel() else float("nan"),
+        kappa=kappa,
+        eta_nl=_eta(Yw - A @ Xw, Yw - Xw, settings.eta_eps),
+        update_ratio=update_ratio,
+        degenerate=update_ratio < settings.degenerate_tol,
+        filter_fallback=fallback,
+        estimator=name,
+        notes=notes,
+        **spectral_masses(lam[kept]),
+    )
+
+
+def _update_ratio(Xw: torch.Tensor, Yw: torch.Tensor) -> float:
+    return float(torch.linalg.norm(Yw - Xw) / torch.linalg.norm(Xw).clamp_min(1e-300))
+
+
+def _eta(fit_error: torch.Tensor, update: torch.Tensor, eps: float) -> float:
+    return float(torch.linalg.norm(fit_error) / (torch.linalg.norm(update) + eps))
+
+
+def _no_variance(d: int) -> LayerSpectrum:
+    """A transition whose input states are all identical: nothing to fit, so nothing to assess."""
+    empty = torch.zeros(0, dtype=torch.complex128)
+    nan = float("nan")
+    return LayerSpectrum(
+        eigenvalues=empty,
+        kept=torch.zeros(0, dtype=torch.bool),
+        spectral_radius=nan,
+        kappa=nan,
+        eta_nl=nan,
+        update_ratio=0.0,
+        degenerate=True,
+        filter_fallback=False,
+        estimator="none",
+        notes=[f"the {d}-dim input states have no variance"],
+        **spectral_masses(empty),
+    )
+
+
+# Per-layer features that are aggregated over depth (method reference 1.5).
+LAYER_FEATURES = (
+    "expansive_mass",
+    "near_unit_mass",
+    "gap_mass",
+    "contractive_mass",
+    "spectral_radius",
+    "kappa",
+    "log10_kappa",
+    "eta_nl",
+    "kept_fraction",
+)
+
+
+def layer_features(spec: LayerSpectrum) -> dict[str, float]:
+    """The scalar per-layer features of one spectrum."""
+    n = spec.eigenvalues.numel()
+    return {
+        "expansive_mass": spec.expansive_mass,
+        "near_unit_mass": spec.near_unit_mass,
+        "gap_mass": spec.gap_mass,
+        "contractive_mass": spec.contractive_mass,
+        "spectral_radius": spec.spectral_radius,
+        "kappa": spec.kappa,
+        "log10_kappa": math.log10(spec.kappa) if spec.kappa > 0 else float("nan"),
+        "eta_nl": spec.eta_nl,
+        "kept_fraction": spec.n_kept / n if n else float("nan"),
+    }
+
+
+def aggregate(spectra: list[LayerSpectrum]) -> dict[str, float]:
+    """Mean, max, min and std over depth of each layer feature, degenerate layers excluded.
+
+    The std is the population std (a 1-layer model has std 0). With no assessable layer every
+    aggregate is NaN; callers decide what that means.
+    """
+    rows = [layer_features(s) for s in spectra if not s.degenerate]
+    out: dict[str, float] = {}
+    for name in LAYER_FEATURES:
+        vals = torch.tensor([r[name] for r in rows], dtype=torch.float64)
+        vals = vals[torch.isfinite(vals)]
+        if vals.numel() == 0:
+            out.update({f"{name}_{s}": float("nan") for s in ("mean", "max", "min", "std")})
+            continue
+        out[f"{name}_mean"] = float(vals.mean())
+        out[f"{name}_max"] = float(vals.max())
+        out[f"{name}_min"] = float(vals.min())
+        out[f"{name}_std"] = float(vals.std(unbiased=False))
+    return out

@@ -1,0 +1,69 @@
+"""Model builders: turn a ``ModelSpec`` into a ``Subject``, a model the screen can run.
+
+A ``Subject`` hides where the model came from (built-in GPT, transformers config, checkpoint):
+the capture only needs the ordered residual blocks and a way to run one forward pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from rksp_cli.models.gpt import GPT
+
+
+@dataclass
+class Subject:
+    """A model at the state to be screened, with what the screen needs to know about it."""
+
+    module: nn.Module
+    blocks: list[nn.Module]  # residual blocks in order; h_{l+1} is block l's output
+    vocab_size: int
+    seq_len: int
+    d_model: int
+    summary: dict[str, Any] = field(default_factory=dict)  # what was built, for the report
+    # Runs one forward pass on token ids; returns the mean next-token loss where the model has an
+    # LM head (the built-in GPT), else None.
+    forward: Callable[[torch.Tensor], torch.Tensor | None] = lambda ids: None
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.blocks)
+
+
+def build_subject(model_spec: Any, seed: int, allow_pickle: bool = False) -> Subject:
+    """Build (and initialise or load) the model a ``ModelSpec`` describes, deterministically."""
+    torch.manual_seed(seed)
+    if model_spec.arch == "gpt":
+        return _gpt_subject(GPT(model_spec.gpt_config()))
+    from rksp_cli.models import hf  # transformers is slow to import; only pay for it when used
+
+    if model_spec.checkpoint is not None:
+        return hf.load_checkpoint(model_spec.checkpoint, model_spec.hf_config, model_spec.seq_len, allow_pickle)
+    return hf.from_config(model_spec.hf_config, model_spec.seq_len, model_spec.init_std)
+
+
+def _gpt_subject(model: GPT) -> Subject:
+    cfg = model.cfg
+    model.eval()
+
+    def forward(ids: torch.Tensor) -> torch.Tensor:
+        # next-token loss on the batch itself; the last position has no target
+        targets = torch.full_like(ids, -100)
+        targets[:, :-1] = ids[:, 1:]
+        return model(ids, targets)[1]
+
+    n_params = sum(p.numel() for p in model.parameters())
+    return Subject(
+        module=model,
+        blocks=list(model.blocks),
+        vocab_size=cfg.vocab_size,
+        seq_len=cfg.seq_len,
+        d_model=cfg.d_model,
+        summary={"source": "built-in gpt", "architecture": f"GPT ({cfg.norm})", "parameters": n_params},
+        forward=forward,
+    )

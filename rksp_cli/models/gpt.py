@@ -1,0 +1,159 @@
+"""The built-in GPT-2-style decoder, small enough to hold in your head.
+
+It exists so that runs labelled by ``rksp probe`` and the screens that score them use exactly the
+same model. Six residual-stream normalisations:
+
+* ``pre``: x + attn(LN(x)), x + mlp(LN(x))
+* ``post``: LN(x + attn(x)), LN(x + mlp(x))
+* ``rms``: ``pre`` with RMSNorm
+* ``none``: x + attn(x), x + mlp(x), and no final norm
+* ``deepnorm`` (Wang et al. 2022, "DeepNet"): LN(alpha x + f(x)) with alpha = (2L)^(1/4) and the
+  value, output-projection and MLP weights initialised with std scaled by beta = (8L)^(-1/4)
+  (the decoder-only constants of that paper, L = number of blocks).
+* ``subln`` (Wang et al. 2022, "Foundation Transformers"/Magneto): ``pre`` plus a LayerNorm
+  before each sublayer's output projection (attention output, and MLP hidden activations), with
+  the value, output-projection and MLP weights' std scaled by gamma = sqrt(ln(2L)).
+
+Init: every weight matrix and embedding N(0, init_std^2) (times the per-norm factors above),
+biases zero, norm gains one. With ``zero_init_residual`` the output projection of every residual
+branch starts at zero (the Fixup/ReZero family), so every block is the identity at init.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+NORMS = ("pre", "post", "rms", "none", "deepnorm", "subln")
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    vocab_size: int = 103
+    seq_len: int = 32
+    d_model: int = 64
+    n_layers: int = 4
+    n_heads: int = 4
+    mlp_ratio: int = 4
+    norm: str = "pre"
+    init_std: float = 0.02
+    zero_init_residual: bool = False
+
+    @property
+    def post_norm(self) -> bool:
+        return self.norm in ("post", "deepnorm")
+
+
+def _norm(cfg: GPTConfig) -> nn.Module:
+    if cfg.norm == "none":
+        return nn.Identity()
+    if cfg.norm == "rms":
+        return nn.RMSNorm(cfg.d_model, eps=1e-5)
+    return nn.LayerNorm(cfg.d_model, eps=1e-5)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.n_heads = cfg.n_heads
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model)
+        self.sub_norm = nn.LayerNorm(cfg.d_model, eps=1e-5) if cfg.norm == "subln" else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        return self.proj(self.sub_norm(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        hidden = cfg.mlp_ratio * cfg.d_model
+        self.fc = nn.Linear(cfg.d_model, hidden)
+        self.proj = nn.Linear(hidden, cfg.d_model)
+        self.sub_norm = nn.LayerNorm(hidden, eps=1e-5) if cfg.norm == "subln" else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(self.sub_norm(F.gelu(self.fc(x))))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.post_norm = cfg.post_norm
+        self.alpha = (2 * cfg.n_layers) ** 0.25 if cfg.norm == "deepnorm" else 1.0
+        self.norm1, self.norm2 = _norm(cfg), _norm(cfg)
+        self.attn = CausalSelfAttention(cfg)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.post_norm:
+            x = self.norm1(self.alpha * x + self.attn(x))
+            return self.norm2(self.alpha * x + self.mlp(x))
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        if cfg.norm not in NORMS:
+            raise ValueError(f"norm must be one of {NORMS}, got {cfg.norm!r}")
+        if cfg.d_model % cfg.n_heads:
+            raise ValueError(f"d_model ({cfg.d_model}) must be divisible by n_heads ({cfg.n_heads})")
+        self.cfg = cfg
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos_emb = nn.Embedding(cfg.seq_len, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.final_norm = _norm(cfg)
+        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        cfg = self.cfg
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, 0.0, cfg.init_std)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
+                nn.init.ones_(module.weight)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
+        scale = {"deepnorm": (8 * cfg.n_layers) ** -0.25, "subln": math.sqrt(math.log(2 * cfg.n_layers))}.get(cfg.norm)
+        for block in self.blocks:
+            if scale is not None:
+                block.attn.qkv.weight[2 * cfg.d_model :].mul_(scale)  # the value projection
+                for lin in (block.attn.proj, block.mlp.fc, block.mlp.proj):
+                    lin.weight.mul_(scale)
+            if cfg.zero_init_residual:
+                for lin in (block.attn.proj, block.mlp.proj):
+                    lin.weight.zero_()
+
+    def embed(self, idx: torch.Tensor) -> torch.Tensor:
+        """h_0: token plus position embeddings."""
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        return self.tok_emb(idx) + self.pos_emb(pos)
+
+    def forward(
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if idx.shape[1] > self.cfg.seq_len:
+            raise ValueError(f"sequence length {idx.shape[1]} exceeds seq_len {self.cfg.seq_len}")
+        x = self.embed(idx)
+        for block in self.blocks:
+            x = block(x)
+        logits = self.head(self.final_norm(x))
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
+        return logits, loss

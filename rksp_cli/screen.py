@@ -1,0 +1,173 @@
+"""The screen pipeline: spec -> model -> captured states -> spectra -> features -> risk.
+
+This is the library entry point (``from rksp_cli.screen import screen``); the CLI only parses,
+calls this and renders the result.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from rksp_cli import __version__
+from rksp_cli.capture import capture_residual_stream, sample_positions
+from rksp_cli.data import screen_batch
+from rksp_cli.errors import UnassessableError
+from rksp_cli.koopman import DMDSettings, LayerSpectrum, aggregate, layer_features, layer_spectrum
+from rksp_cli.models import build_subject
+from rksp_cli.risk import RiskAssessment, RiskModel, RuleBasedRisk
+from rksp_cli.spec import ScreenSpec
+
+ProgressCallback = Callable[[int, int], None]  # (layers done, layers total)
+
+
+@dataclass
+class ScreenResult:
+    config: dict[str, Any]  # the resolved screen config
+    model: dict[str, Any]  # what was built: source, architecture, parameter count
+    spectra: list[LayerSpectrum]
+    stream_rms: list[float]  # RMS of h_0 .. h_L over the sampled tokens
+    features: dict[str, float]
+    risk: RiskAssessment
+    timings: dict[str, float]
+    warnings: list[str] = field(default_factory=list)
+
+    def layer_rows(self) -> list[dict[str, Any]]:
+        """One row per block transition, the shape of ``--csv`` and of ``layers`` in ``--json``."""
+        rows = []
+        for i, spec in enumerate(self.spectra):
+            row: dict[str, Any] = {"layer": i, **layer_features(spec)}
+            row.update(
+                n_eigenvalues=spec.eigenvalues.numel(),
+                n_kept=spec.n_kept,
+                update_ratio=spec.update_ratio,
+                stream_rms=self.stream_rms[i + 1],
+                degenerate=spec.degenerate,
+                filter_fallback=spec.filter_fallback,
+                near_unit_spread=spec.near_unit_spread,
+                estimator=spec.estimator,
+            )
+            rows.append(row)
+        return rows
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: non-finite numbers become null."""
+        return _finite(
+            {
+                "rksp_version": __version__,
+                "risk": self.risk.risk,
+                "verdict": self.risk.verdict,
+                "reason": self.risk.reason,
+                "risk_model": {"name": self.risk.model, "calibrated": self.risk.calibrated, "notes": self.risk.notes},
+                "features": self.features,
+                "layers": self.layer_rows(),
+                "model": self.model,
+                "config": self.config,
+                "warnings": self.warnings,
+                "timings_s": self.timings,
+            }
+        )
+
+
+def screen(
+    spec: ScreenSpec,
+    risk_model: RiskModel | None = None,
+    allow_pickle: bool = False,
+    on_layer: ProgressCallback | None = None,
+) -> ScreenResult:
+    """Screen one configuration. Raises ``InputError`` (exit 2) or ``UnassessableError`` (exit 3)."""
+    timings: dict[str, float] = {}
+    t = time.perf_counter()
+    subject = build_subject(spec.model, spec.probe.seed, allow_pickle)
+    timings["build"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    gen = torch.Generator().manual_seed(spec.probe.seed)
+    ids = screen_batch(spec.probe.input, spec.probe.tokens, subject.vocab_size, subject.seq_len, gen)
+    positions = sample_positions(ids.numel(), spec.probe.tokens, gen)
+    states, init_loss = capture_residual_stream(subject.blocks, lambda: subject.forward(ids), positions)
+    timings["forward"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    settings = DMDSettings(rank=spec.probe.rank, residual_tol=spec.probe.residual_tol, seed=spec.probe.seed)
+    spectra, distinct = [], spec.probe.tokens
+    for layer in range(subject.n_layers):
+        X, Y = _distinct_columns(states[layer].T, states[layer + 1].T)
+        distinct = min(distinct, X.shape[1])
+        spectra.append(layer_spectrum(X, Y, settings))
+        if on_layer is not None:
+            on_layer(layer + 1, subject.n_layers)
+    timings["dmd"] = time.perf_counter() - t
+
+    stream_rms = [float(h.square().mean().sqrt()) for h in states]
+    warnings = _warnings(spectra, subject.d_model, spec.probe.tokens, distinct, spec.probe.rank)
+    n_degenerate = sum(s.degenerate for s in spectra)
+    if n_degenerate == len(spectra):
+        raise UnassessableError(
+            f"all {n_degenerate} blocks are the identity at initialisation (as with ReZero, Fixup or "
+            "zero-initialised residual branches), so their spectra carry no signal; re-screen a "
+            "checkpoint after a few hundred training steps"
+        )
+    features = aggregate(spectra)
+    features.update(
+        stream_growth=stream_rms[-1] / stream_rms[0] if stream_rms[0] > 0 else math.inf,
+        degenerate_layers=float(n_degenerate),
+        n_layers=float(subject.n_layers),
+        d_model=float(subject.d_model),
+    )
+    if init_loss is not None:
+        features["init_loss"] = float(init_loss)
+    config = spec.resolved()
+    risk = (risk_model or RuleBasedRisk()).assess(features, config)
+    return ScreenResult(config, subject.summary, spectra, stream_rms, features, risk, timings, warnings)
+
+
+def _distinct_columns(X: torch.Tensor, Y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Drop repeated token states (identical prefixes give identical columns), keeping order."""
+    pairs = torch.cat([X, Y]).T
+    _, inverse = torch.unique(pairs, dim=0, return_inverse=True)
+    first = torch.full((int(inverse.max()) + 1,), pairs.shape[0], dtype=torch.long)
+    first.scatter_reduce_(0, inverse, torch.arange(pairs.shape[0]), reduce="amin")
+    keep = first.sort().values
+    return X[:, keep], Y[:, keep]
+
+
+def _warnings(spectra: list[LayerSpectrum], d: int, n_tokens: int, distinct: int, rank: Any) -> list[str]:
+    out = []
+    if n_tokens - distinct > 0.01 * n_tokens:
+        out.append(f"{n_tokens - distinct} of {n_tokens} sampled token states were duplicates and were dropped")
+    if distinct - 1 < d and rank == "auto":
+        out.append(
+            f"{distinct} distinct token states for d={d}: spectra are estimated in the "
+            f"{distinct - 1}-dim data subspace; raise probe.tokens above {d} for a full-rank estimate"
+        )
+    elif distinct - 1 < d and rank == "full":
+        out.append(
+            f"full DMD on {distinct} token states for d={d} has {d - distinct + 1} structural zero "
+            f"eigenvalues: near-unit mass is capped at {(distinct - 1) / d:.2f}; prefer rank: auto"
+        )
+    degenerate = [i for i, s in enumerate(spectra) if s.degenerate]
+    if degenerate:
+        out.append(
+            f"{len(degenerate)} near-identity block(s) {degenerate} excluded from the aggregates; "
+            "re-profile after a few hundred training steps"
+        )
+    fallback = [i for i, s in enumerate(spectra) if s.filter_fallback]
+    if fallback:
+        out.append(f"ResDMD filter kept no eigenvalue in layer(s) {fallback}; all eigenvalues used there")
+    return out
+
+
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj

@@ -1,0 +1,121 @@
+"""The command line as users and CI jobs meet it: exit codes, formats, one-line errors."""
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from rksp_cli.cli import app
+
+runner = CliRunner()
+SCREENS = sorted(Path(__file__).parent.parent.joinpath("screens").glob("*.yaml"))
+SMALL = ["--set", "probe.tokens=512"]
+
+
+def rksp(*args: str):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def assert_input_error(result, *fragments: str) -> None:
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:"), result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("path", SCREENS, ids=lambda p: p.name)
+def test_every_shipped_screen_runs(path):
+    result = rksp("screen", path, "--json")
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["config"]["probe"]["tokens"] >= 2048
+
+
+def test_json_output_is_pure_json_with_the_contract_keys():
+    result = rksp("screen", SCREENS[0], *SMALL, "--json")
+    data = json.loads(result.stdout)
+    assert {"risk", "verdict", "reason", "features", "layers", "config"} <= data.keys()
+    assert "near_unit_mass_mean" in data["features"]
+    assert all("near_unit_mass" in layer for layer in data["layers"])
+    assert data["config"]["probe"]["tokens"] == 512  # the resolved config, overrides applied
+
+
+def test_table_shows_the_verdict_and_says_the_fallback_is_uncalibrated():
+    result = rksp("screen", SCREENS[0], *SMALL)
+    assert result.exit_code == 0
+    assert "risk" in result.stdout and "not calibrated" in result.stdout
+    assert "M≈1" in result.stdout
+
+
+def test_csv_has_one_row_per_block(write_yaml):
+    path = write_yaml("model: {norm: pre, n_layers: 3}\nprobe: {tokens: 512}\n")
+    lines = rksp("screen", path, "--csv").stdout.strip().splitlines()
+    assert lines[0].startswith("layer,") and "near_unit_mass" in lines[0]
+    assert len(lines) == 4
+
+
+def test_fail_above_gates_the_exit_code(write_yaml):
+    noln = write_yaml("model: {norm: none}\nprobe: {tokens: 512}\n")
+    assert rksp("screen", noln, "--fail-above", "0.5").exit_code == 1
+    assert rksp("screen", noln, "--fail-above", "0.95").exit_code == 0
+    assert rksp("screen", noln, "--fail-above", "0.5", "--json").exit_code == 1
+
+
+def test_identity_blocks_exit_3_with_the_reason(write_yaml):
+    path = write_yaml("model: {norm: pre, zero_init_residual: true}\nprobe: {tokens: 512}\n")
+    result = rksp("screen", path)
+    assert result.exit_code == 3
+    assert "identity" in result.stderr and "Traceback" not in result.output
+
+
+def test_transformers_config_json_is_accepted_directly(hf_config_file):
+    result = rksp("screen", hf_config_file("llama"), *SMALL, "--json")
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["model"]["architecture"] == "LlamaModel"
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "fragments"),
+    [
+        ("training: {lrr: 0.1}\n", ["training.lrr", "unknown field"]),
+        ("model: {d_model: wide}\n", ["model.d_model", "valid integer"]),
+        ("model: {norm: layer}\n", ["model.norm"]),
+        ("probe: {rank: 0}\n", ["probe.rank"]),
+        ("probe: {input: missing.txt}\n", ["probe.input", "does not exist"]),
+        ("model: {hf_config: nowhere.json}\n", ["model.hf_config", "does not exist"]),
+        ("model: {d_model: 64, n_heads: 5}\n", ["divisible"]),
+        ("model: [1, 2]\n", ["model"]),
+        ("model: {norm: pre\n", ["not valid YAML"]),
+    ],
+)
+def test_bad_config_exits_2_with_one_line_naming_the_field(write_yaml, yaml_text, fragments):
+    path = write_yaml(yaml_text)
+    assert_input_error(rksp("screen", path), str(path), *fragments)
+
+
+def test_bad_transformers_configs_exit_2_naming_the_file(tmp_path):
+    cases = {
+        "broken.json": ('{"model_type": "gpt2", ', "not valid JSON"),
+        "untyped.json": ('{"n_layer": 2}', "model_type"),
+        "alien.json": ('{"model_type": "no-such-arch"}', "does not know model_type"),
+    }
+    for name, (text, fragment) in cases.items():
+        path = tmp_path / name
+        path.write_text(text)
+        assert_input_error(rksp("screen", path), str(path), fragment)
+
+
+def test_bad_paths_and_flags_exit_2(tmp_path):
+    assert_input_error(rksp("screen", tmp_path / "nope.yaml"), "no such file")
+    (tmp_path / "notes.txt").write_text("hi")
+    assert_input_error(rksp("screen", tmp_path / "notes.txt"), "unsupported file type")
+    assert_input_error(rksp("screen", tmp_path), "config.json")
+    assert_input_error(rksp("screen", SCREENS[0], "--set", "training.lr"), "--set", "SECTION.FIELD=VALUE")
+    assert_input_error(rksp("screen", SCREENS[0], "--set", "training.lr=fast"), "training.lr")
+    assert_input_error(rksp("screen", SCREENS[0], "--json", "--csv"), "exclusive")
+
+
+def test_version():
+    assert rksp("--version").stdout.startswith("rksp ")

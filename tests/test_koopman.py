@@ -1,0 +1,132 @@
+"""Properties of the whitened-DMD estimators, checked against textbook formulas."""
+
+import math
+
+import pytest
+import torch
+
+from rksp_cli.koopman import DMDSettings, aggregate, layer_spectrum, spectral_masses
+
+
+def _snapshots(d: int, n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Anisotropic inputs and a nonlinear residual map, like a block: Y = X + tanh(B X)."""
+    g = torch.Generator().manual_seed(seed)
+    scales = torch.logspace(-1, 1, d, dtype=torch.float64)
+    X = scales[:, None] * torch.randn(d, n, generator=g, dtype=torch.float64) + 0.3
+    B = torch.randn(d, d, generator=g, dtype=torch.float64) / math.sqrt(d)
+    return X, X + torch.tanh(B @ X)
+
+
+def _reference_whitened(X, Y, eps=1e-5):
+    """Eqs. 7-9 literally: one W from X's covariance (eigh), applied to both."""
+    n = X.shape[1]
+    Xc, Yc = X - X.mean(1, keepdim=True), Y - Y.mean(1, keepdim=True)
+    s, U = torch.linalg.eigh(Xc @ Xc.T / (n - 1) + eps * torch.eye(X.shape[0], dtype=X.dtype))
+    W = U @ torch.diag(s.rsqrt()) @ U.T
+    return W @ Xc, W @ Yc, Xc, Yc
+
+
+def _max_matching_distance(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Largest distance from an eigenvalue of either set to the nearest of the other."""
+    dist = (a[:, None] - b[None, :]).abs()
+    return float(max(dist.min(1).values.max(), dist.min(0).values.max()))
+
+
+def test_whitening_is_an_exact_similarity_at_full_rank():
+    X, Y = _snapshots(d=16, n=400)
+    Xw, Yw, Xc, Yc = _reference_whitened(X, Y)
+    whitened = torch.linalg.eigvals(Yw @ torch.linalg.pinv(Xw))
+    raw = torch.linalg.eigvals(Yc @ torch.linalg.pinv(Xc))
+    assert _max_matching_distance(whitened, raw) < 1e-10
+    for rank in ("auto", "full"):
+        ours = layer_spectrum(X, Y, DMDSettings(rank=rank)).eigenvalues
+        assert ours.numel() == 16
+        assert _max_matching_distance(ours, raw) < 1e-10, rank
+
+
+def test_known_linear_map_is_recovered_with_zero_residual():
+    target = torch.tensor([0.5, 0.85, 0.95 + 0.1j, 0.95 - 0.1j, 1.0, 1.2, 0.3, 1.04], dtype=torch.complex128)
+    g = torch.Generator().manual_seed(1)
+    basis = torch.randn(8, 8, generator=g, dtype=torch.float64)
+    # real block form of the complex pair keeps A real
+    L = torch.diag(target.real.to(torch.float64))
+    L[2, 3], L[3, 2] = 0.1, -0.1
+    A = basis @ L @ torch.linalg.inv(basis)
+    X = torch.randn(8, 300, generator=g, dtype=torch.float64)
+    spec = layer_spectrum(X, A @ X)
+    assert _max_matching_distance(spec.eigenvalues, target) < 1e-8
+    assert spec.n_kept == 8  # an exactly linear map leaves no ResDMD residual
+    assert spec.eta_nl < 1e-8
+    assert spec.near_unit_mass == pytest.approx(4 / 8)  # 0.95+-0.1i (|.|=0.955), 1.0, 1.04
+    assert spec.expansive_mass == pytest.approx(1 / 8)
+    assert spec.gap_mass == pytest.approx(1 / 8)
+    assert spec.contractive_mass == pytest.approx(2 / 8)
+    assert spec.spectral_radius == pytest.approx(1.2)
+
+
+def test_masses_on_hand_made_spectra_respect_band_edges():
+    lam = torch.tensor([1.06, 1.05, 0.90, 0.6 + 0.8j, 0.89, 0.80, 0.79, 0.0], dtype=torch.complex128)
+    m = spectral_masses(lam)
+    assert m == {"expansive_mass": 1 / 8, "near_unit_mass": 3 / 8, "gap_mass": 2 / 8, "contractive_mass": 2 / 8}
+    assert sum(m.values()) == pytest.approx(1.0)
+
+
+def test_identity_transition_is_degenerate_and_excluded_from_aggregates():
+    X, Y = _snapshots(d=8, n=200)
+    identity = layer_spectrum(X, X.clone())
+    assert identity.degenerate and identity.update_ratio < 1e-12
+    assert identity.near_unit_mass == 1.0  # what the paper warns about: A ~ I looks "near-unit"
+    live = layer_spectrum(X, Y)
+    assert not live.degenerate
+    agg = aggregate([identity, live])
+    assert agg["near_unit_mass_mean"] == pytest.approx(live.near_unit_mass)
+
+
+def test_auto_equals_textbook_full_dmd_when_full_rank():
+    X, Y = _snapshots(d=24, n=500, seed=3)
+    auto, full = layer_spectrum(X, Y, DMDSettings(rank="auto")), layer_spectrum(X, Y, DMDSettings(rank="full"))
+    for name in ("near_unit_mass", "expansive_mass", "contractive_mass", "gap_mass", "spectral_radius", "eta_nl"):
+        assert getattr(auto, name) == pytest.approx(getattr(full, name), abs=1e-8), name
+    assert auto.kappa == pytest.approx(full.kappa, rel=1e-6)
+    assert torch.equal(auto.kept.sum(), full.kept.sum())
+
+
+def test_data_subspace_estimator_drops_only_the_structural_zeros_when_d_exceeds_n():
+    X, Y = _snapshots(d=40, n=25, seed=4)
+    full = layer_spectrum(X, Y, DMDSettings(rank="full", residual_tol=None))
+    auto = layer_spectrum(X, Y, DMDSettings(rank="auto", residual_tol=None))
+    assert full.eigenvalues.numel() == 40 and auto.eigenvalues.numel() == 24  # rank N-1 after centring
+    structural = full.eigenvalues[full.eigenvalues.abs() < 1e-8]
+    assert structural.numel() == 40 - 24
+    nonzero = full.eigenvalues[full.eigenvalues.abs() >= 1e-8]
+    assert _max_matching_distance(auto.eigenvalues, nonzero) < 1e-8
+    # the structural zeros are what caps full DMD's near-unit mass at (N-1)/d
+    assert full.near_unit_mass <= 24 / 40
+    assert auto.near_unit_mass == pytest.approx(full.near_unit_mass * 40 / 24)
+
+
+def test_randomized_dmd_is_seed_averaged_deterministic_and_reports_spread():
+    X, Y = _snapshots(d=32, n=300, seed=5)
+    a = layer_spectrum(X, Y, DMDSettings(rank=8, seed=0))
+    b = layer_spectrum(X, Y, DMDSettings(rank=8, seed=0))
+    c = layer_spectrum(X, Y, DMDSettings(rank=8, seed=7))
+    assert a.eigenvalues.numel() == 8 * 5  # five range-finder seeds
+    assert "rank 8" in a.estimator
+    assert a.near_unit_mass == b.near_unit_mass and torch.equal(a.eigenvalues, b.eigenvalues)
+    assert not torch.equal(a.eigenvalues, c.eigenvalues)
+    assert a.near_unit_spread >= 0.0
+    assert 0.0 <= a.near_unit_mass <= 1.0
+
+
+def test_resdmd_filter_falls_back_and_flags_when_nothing_survives():
+    X, Y = _snapshots(d=12, n=300, seed=6)
+    unfiltered = layer_spectrum(X, Y, DMDSettings(residual_tol=None))
+    assert unfiltered.n_kept == 12 and not unfiltered.filter_fallback
+    strict = layer_spectrum(X, Y, DMDSettings(residual_tol=1e-12))
+    assert strict.filter_fallback and strict.n_kept == 12
+    assert strict.notes
+
+
+def test_rejects_mismatched_snapshots():
+    with pytest.raises(ValueError, match="shape"):
+        layer_spectrum(torch.zeros(4, 10), torch.zeros(5, 10))

@@ -1,0 +1,71 @@
+"""The built-in GPT and the residual-stream capture."""
+
+import pytest
+import torch
+
+from rksp_cli.capture import capture_residual_stream, sample_positions
+from rksp_cli.models.gpt import GPT, NORMS, GPTConfig
+
+
+@pytest.mark.parametrize("norm", NORMS)
+def test_init_follows_the_contract(norm):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(norm=norm, d_model=64, n_layers=2, init_std=0.05))
+    assert model.tok_emb.weight.std().item() == pytest.approx(0.05, rel=0.05)
+    assert model.blocks[0].attn.qkv.bias.abs().max() == 0
+    norms = [m for m in model.modules() if isinstance(m, (torch.nn.LayerNorm, torch.nn.RMSNorm))]
+    assert all(torch.all(n.weight == 1) for n in norms)
+    assert (len(norms) == 0) == (norm == "none")
+    logits, loss = model(torch.randint(0, 103, (2, 16)), torch.randint(0, 103, (2, 16)))
+    assert logits.shape == (2, 16, 103) and torch.isfinite(loss)
+
+
+def test_deepnorm_and_subln_scale_the_branch_weights_as_their_papers_do():
+    torch.manual_seed(0)
+    plain = GPT(GPTConfig(norm="post", d_model=64, n_layers=4, init_std=0.02))
+    torch.manual_seed(0)
+    deep = GPT(GPTConfig(norm="deepnorm", d_model=64, n_layers=4, init_std=0.02))
+    beta = (8 * 4) ** -0.25
+    assert torch.allclose(deep.blocks[0].mlp.fc.weight, plain.blocks[0].mlp.fc.weight * beta)
+    assert torch.equal(deep.blocks[0].attn.qkv.weight[:128], plain.blocks[0].attn.qkv.weight[:128])  # q, k untouched
+    assert deep.blocks[0].alpha == pytest.approx(8**0.25)
+
+
+def test_zero_init_residual_makes_every_pre_norm_block_the_identity():
+    model = GPT(GPTConfig(norm="pre", zero_init_residual=True)).eval()
+    x = torch.randn(2, 8, 64)
+    assert torch.equal(model.blocks[0](x), x)
+
+
+def test_capture_reads_embeddings_and_block_outputs_before_the_final_norm():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(norm="pre", n_layers=3)).eval()
+    ids = torch.randint(0, 103, (4, 32))
+    positions = sample_positions(ids.numel(), 100, torch.Generator().manual_seed(0))
+    states, _ = capture_residual_stream(model.blocks, lambda: model(ids), positions)
+    assert len(states) == 4 and states[0].shape == (100, 64) and states[0].dtype == torch.float64
+    with torch.no_grad():
+        h = model.embed(ids)
+        assert torch.allclose(states[0], h.reshape(-1, 64)[positions].double())
+        for block in model.blocks:
+            h = block(h)
+    assert torch.allclose(states[-1], h.reshape(-1, 64)[positions].double())
+    assert not any(b._forward_hooks or b._forward_pre_hooks for b in model.blocks)  # hooks removed
+
+
+def test_capture_on_transformers_skips_the_final_norm_that_hidden_states_applies():
+    from transformers import AutoModel
+
+    from tests.conftest import hf_config
+
+    torch.manual_seed(0)
+    model = AutoModel.from_config(hf_config("gpt2")).eval()
+    ids = torch.randint(0, 96, (2, 16))
+    positions = torch.arange(32)
+    states, out = capture_residual_stream(model.h, lambda: model(input_ids=ids, output_hidden_states=True), positions)
+    hidden = [h.reshape(-1, 32).double() for h in out.hidden_states]
+    for i in range(len(hidden) - 1):
+        assert torch.allclose(states[i], hidden[i], atol=1e-6)
+    assert not torch.allclose(states[-1], hidden[-1], atol=1e-3)  # transformers' last entry is ln_f(h_L)
+    with torch.no_grad():
+        assert torch.allclose(model.ln_f(states[-1].float()).double(), hidden[-1], atol=1e-5)

@@ -1,0 +1,119 @@
+"""The screen pipeline end to end, as a library."""
+
+import pytest
+import torch
+
+from rksp_cli.errors import InputError, UnassessableError
+from rksp_cli.screen import screen
+from rksp_cli.spec import spec_from_dict
+from tests.conftest import HF_CONFIGS, hf_config
+
+
+def _screen(model: dict, probe: dict | None = None, **kwargs):
+    return screen(spec_from_dict({"model": model, "probe": {"tokens": 512, **(probe or {})}}), **kwargs)
+
+
+def test_norm_ordering_matches_paper_table_1():
+    """Paper: layer-mean M~1 is 0.80 (none) > 0.66 (post) > 0.16 (pre), at N = 2048 token states."""
+    mass = {}
+    for norm in ("none", "post", "pre"):
+        spec = spec_from_dict({"model": {"norm": norm}, "probe": {"tokens": 2048}})
+        mass[norm] = screen(spec).features["near_unit_mass_mean"]
+    assert mass["none"] > mass["post"] > mass["pre"]
+    assert mass["none"] > 0.5 > mass["pre"]
+
+
+def test_same_config_gives_the_same_numbers_and_the_seed_matters():
+    a = _screen({"norm": "pre", "d_model": 32, "n_heads": 4})
+    b = _screen({"norm": "pre", "d_model": 32, "n_heads": 4})
+    c = _screen({"norm": "pre", "d_model": 32, "n_heads": 4}, {"seed": 1})
+    assert a.features == b.features
+    assert a.features != c.features
+
+
+def test_identity_blocks_cannot_be_assessed():
+    with pytest.raises(UnassessableError, match="identity"):
+        _screen({"norm": "pre", "zero_init_residual": True})
+
+
+def test_large_init_is_not_read_as_safe():
+    """Method reference 2.1, weakness 5: a large init scale lowers M~1 while the run explodes."""
+    result = _screen({"norm": "none", "init_std": 0.5}, {"tokens": 1024})
+    assert result.features["near_unit_mass_mean"] < 0.3  # the paper's score would say "safe"
+    assert result.risk.verdict == "high"
+
+
+def test_result_reports_features_layers_and_the_uncalibrated_fallback():
+    result = _screen({"norm": "pre", "n_layers": 3})
+    d = result.to_dict()
+    assert len(d["layers"]) == 3 and d["features"]["n_layers"] == 3
+    assert 0.0 <= d["risk"] <= 1.0 and d["verdict"] in ("low", "elevated", "high")
+    assert d["risk_model"]["calibrated"] is False and "not calibrated" in d["risk_model"]["name"]
+    assert d["config"]["probe"]["tokens"] == 512
+    assert d["features"]["init_loss"] == pytest.approx(torch.log(torch.tensor(103.0)).item(), rel=0.05)
+
+
+def test_too_few_tokens_for_the_width_uses_the_data_subspace_and_says_so():
+    result = _screen({"d_model": 128, "n_heads": 4, "n_layers": 2}, {"tokens": 64})
+    assert result.spectra[0].eigenvalues.numel() <= 63
+    assert any("data subspace" in w for w in result.warnings)
+
+
+def test_text_file_input(tmp_path):
+    text = tmp_path / "corpus.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog. " * 40)
+    result = _screen({"norm": "pre", "vocab_size": 64}, {"input": str(text)})
+    assert result.features["near_unit_mass_mean"] >= 0
+    with pytest.raises(InputError, match="distinct characters"):
+        _screen({"norm": "pre", "vocab_size": 8}, {"input": str(text)})
+
+
+@pytest.mark.parametrize("name", sorted(HF_CONFIGS))
+def test_transformers_architectures_are_screened_block_by_block(name, hf_config_file):
+    result = _screen({"hf_config": str(hf_config_file(name))})
+    assert len(result.spectra) == hf_config(name).num_hidden_layers
+    assert result.model["model_type"] == name
+    assert 0.0 <= result.features["near_unit_mass_mean"] <= 1.0
+
+
+def test_checkpoint_weights_are_what_gets_screened(tmp_path):
+    from transformers import GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(hf_config("gpt2"))
+    with torch.no_grad():  # zero the residual branches: random init would never look like this
+        for block in model.transformer.h:
+            for lin in (block.attn.c_proj, block.mlp.c_proj):
+                lin.weight.zero_()
+                lin.bias.zero_()
+    model.save_pretrained(tmp_path / "ckpt")
+    with pytest.raises(UnassessableError):
+        _screen({"checkpoint": str(tmp_path / "ckpt")})
+
+
+def test_directory_sharded_and_bare_safetensors_checkpoints_agree(tmp_path):
+    from transformers import GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(hf_config("gpt2"))
+    model.save_pretrained(tmp_path / "one")
+    model.save_pretrained(tmp_path / "sharded", max_shard_size="50KB")
+    assert (tmp_path / "sharded" / "model.safetensors.index.json").exists()
+    features = [
+        _screen({"checkpoint": str(tmp_path / "one")}).features,
+        _screen({"checkpoint": str(tmp_path / "sharded")}).features,
+        _screen({"checkpoint": str(tmp_path / "one" / "model.safetensors")}).features,
+    ]
+    assert features[1] == pytest.approx(features[0])
+    assert features[2] == pytest.approx(features[0])
+
+
+def test_pickle_checkpoints_need_explicit_permission(tmp_path):
+    from transformers import GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(hf_config("gpt2"))
+    model.config.to_json_file(tmp_path / "config.json")
+    torch.save(model.state_dict(), tmp_path / "weights.bin")
+    with pytest.raises(InputError, match="--allow-pickle"):
+        _screen({"checkpoint": str(tmp_path / "weights.bin")})
+    assert _screen({"checkpoint": str(tmp_path / "weights.bin")}, allow_pickle=True).features["n_layers"] == 2
