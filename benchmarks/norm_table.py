@@ -31,7 +31,10 @@ def _stat(values: list[float]) -> str:
 
 def main() -> None:
     torch.set_num_threads(1)
-    print("| norm | paper M≈1 | rksp M≈1 (ResDMD) | rksp M≈1 (no filter) | paper M>1 | rksp M>1 (no filter) | paper ρ | rksp ρ |")
+    print(
+        "| norm | paper M≈1 | rksp M≈1 (ResDMD) | rksp M≈1 (no filter) "
+        "| paper M>1 | rksp M>1 (no filter) | paper ρ | rksp ρ |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for norm, (p_near, p_exp, p_rho) in PAPER.items():
         cols: dict[str, list[float]] = {"near": [], "near_raw": [], "exp_raw": [], "rho": []}
