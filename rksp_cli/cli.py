@@ -13,7 +13,14 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 from rksp_cli import __version__
 from rksp_cli.errors import InputError, UnassessableError
@@ -60,9 +67,13 @@ def screen(
     allow_pickle: Annotated[
         bool, typer.Option("--allow-pickle", help="Load .bin/.pt checkpoints (with weights_only=True).")
     ] = False,
+    calibration: Annotated[
+        str | None, typer.Option("--calibration", help="Calibration file, or 'none' for the paper's rule.")
+    ] = None,
 ) -> None:
     """Profile the residual stream at init and score the risk that training diverges."""
     from rksp_cli import render
+    from rksp_cli.risk import RuleBasedRisk, default_risk_model
     from rksp_cli.screen import screen as run_screen
     from rksp_cli.spec import load_spec
 
@@ -70,8 +81,11 @@ def screen(
         _fail(InputError("--json and --csv are exclusive: pick one output format"))
     try:
         spec = load_spec(path, set_)
+        risk_model = default_risk_model(calibration)
+        if fail_above is not None and spec.training.lr is None and not isinstance(risk_model, RuleBasedRisk):
+            raise InputError("training.lr: --fail-above needs the learning rate the run will use")
         with _layer_progress() as on_layer:
-            result = run_screen(spec, allow_pickle=allow_pickle, on_layer=on_layer)
+            result = run_screen(spec, risk_model=risk_model, allow_pickle=allow_pickle, on_layer=on_layer)
     except (InputError, UnassessableError) as exc:
         _fail(exc)
 
@@ -87,6 +101,88 @@ def screen(
         raise typer.Exit(1)
 
 
+@app.command()
+def probe(
+    path: Annotated[Path, typer.Argument(help="Screen config (.yaml) of a built-in gpt.")],
+    steps: Annotated[
+        int | None, typer.Option("--steps", min=1, help="Training steps (default training.steps).")
+    ] = None,
+    task: Annotated[str | None, typer.Option("--task", help="synthetic_lm, assoc_recall or a text file.")] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="Override a field (repeatable).")] = None,
+    json_: Annotated[bool, typer.Option("--json", help="Print the labelled row as JSON.")] = False,
+) -> None:
+    """Train the configuration briefly and label whether it diverged (ground truth for calibration)."""
+    from rksp_cli import render
+    from rksp_cli.probe import probe as run_probe
+    from rksp_cli.spec import load_spec
+
+    overrides = list(set_ or [])
+    overrides += [f"training.steps={steps}"] if steps else []
+    overrides += [f"training.task={task}"] if task else []
+    try:
+        spec = load_spec(path, overrides)
+        with _progress("training", spec.training.steps) as advance:
+            result = run_probe(spec, on_step=lambda step, loss, grad: advance(step + 1))
+    except InputError as exc:
+        _fail(exc)
+    if json_:
+        typer.echo(render.dumps(result.row()))
+    else:
+        render.render_probe(result, out)
+
+
+@app.command()
+def sweep(
+    grid: Annotated[Path, typer.Argument(help="Grid file (.yaml): base config, axes, seeds.")],
+    out_path: Annotated[Path, typer.Option("--out", help="Results (.parquet); a .journal beside it resumes.")],
+    probe_: Annotated[bool, typer.Option("--probe", help="Also train each point briefly and label it.")] = False,
+    workers: Annotated[int, typer.Option("--workers", min=1, help="Local worker processes.")] = 1,
+    backend: Annotated[str, typer.Option("--backend", help="local or ray.")] = "local",
+    address: Annotated[str | None, typer.Option("--address", help="Ray cluster address (e.g. auto).")] = None,
+) -> None:
+    """Screen (and with --probe, label) every point of a grid; rerun the same command to resume."""
+    from rksp_cli import render
+    from rksp_cli.sweep import load_grid, run_sweep
+
+    if backend not in ("local", "ray"):
+        _fail(InputError(f"--backend: expected local or ray, got {backend!r}"))
+    if out_path.suffix != ".parquet":
+        _fail(InputError(f"--out {out_path}: expected a .parquet path"))
+    try:
+        points = load_grid(grid)
+        with _progress("sweep", len(points), failures=True) as advance:
+            frame = run_sweep(points, out_path, probe_, workers, backend, address, on_progress=advance)
+    except InputError as exc:
+        _fail(exc)
+    render.render_sweep(frame, out_path, out)
+
+
+@app.command()
+def calibrate(
+    runs: Annotated[Path, typer.Argument(help="Labelled runs (.parquet) from `rksp sweep --probe`.")],
+    out_path: Annotated[Path, typer.Option("--out", help="Calibration file (.json); a .md report goes beside it.")],
+    method: Annotated[str, typer.Option("--method", help="sigmoid (Platt) or isotonic.")] = "sigmoid",
+) -> None:
+    """Fit P(diverged) on labelled runs; report it held out by configuration, beside the baselines."""
+    from rksp_cli import render
+    from rksp_cli.calibrate import FEATURE_SETS, SHIPPED, DivergenceModel, evaluate, read_runs, save_calibration
+
+    if method not in ("sigmoid", "isotonic"):
+        _fail(InputError(f"--method: expected sigmoid or isotonic, got {method!r}"))
+    try:
+        frame = read_runs(runs)
+        with err.status("grouped cross-validation of every feature set and baseline"):
+            report = evaluate(frame, method=method)
+            model = DivergenceModel(features=FEATURE_SETS[SHIPPED], method=method).fit(frame)
+    except InputError as exc:
+        _fail(exc)
+    save_calibration(out_path, model, report, frame)
+    markdown = out_path.with_suffix(".md")
+    render.write_atomic(markdown, render.calibration_markdown(report, source=runs))
+    render.render_calibration(report, out)
+    out.print(f"wrote {out_path} and {markdown}")
+
+
 @contextmanager
 def _layer_progress() -> Iterator[Callable[[int, int], None]]:
     """A progress bar over the per-layer DMD on stderr, shown only on a terminal."""
@@ -94,6 +190,21 @@ def _layer_progress() -> Iterator[Callable[[int, int], None]]:
     with Progress(*columns, console=err, transient=True, disable=not err.is_terminal) as progress:
         task = progress.add_task("dmd", total=None)
         yield lambda done, total: progress.update(task, completed=done, total=total)
+
+
+@contextmanager
+def _progress(label: str, total: int, failures: bool = False) -> Iterator[Callable[..., None]]:
+    """done/total, failures, elapsed and ETA on stderr (on a terminal only)."""
+    columns = [TextColumn(label), BarColumn(), MofNCompleteColumn()]
+    columns += [TextColumn("[red]{task.fields[failed]} failed")] if failures else []
+    columns += [TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn()]
+    with Progress(*columns, console=err, disable=not err.is_terminal) as progress:
+        task = progress.add_task(label, total=total, failed=0)
+
+        def advance(done: int, total: int | None = None, failed: int = 0) -> None:
+            progress.update(task, completed=done, failed=failed)
+
+        yield advance
 
 
 def _fail(exc: InputError | UnassessableError) -> None:

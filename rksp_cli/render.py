@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
+from pathlib import Path
 
 import pandas as pd
 from rich.console import Console, Group
@@ -12,9 +14,10 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from rksp_cli.probe import ProbeResult
 from rksp_cli.screen import ScreenResult
 
-VERDICT_STYLE = {"low": "bold green", "elevated": "bold yellow", "high": "bold red"}
+VERDICT_STYLE = {"low": "bold green", "elevated": "bold yellow", "high": "bold red", "unknown": "bold blue"}
 
 _COLUMNS = (  # (row key, header)
     ("expansive_mass", "M>1"),
@@ -36,7 +39,22 @@ def fmt(x: float | None) -> str:
 
 
 def to_json(result: ScreenResult) -> str:
-    return json.dumps(result.to_dict(), indent=2)
+    return dumps(result.to_dict())
+
+
+def dumps(data: dict) -> str:
+    """Strict JSON: NaN and infinities become null."""
+    return json.dumps(_finite(data), indent=2)
+
+
+def _finite(obj: object) -> object:
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
 
 
 def to_csv(result: ScreenResult) -> str:
@@ -68,13 +86,15 @@ def render(result: ScreenResult, console: Console) -> None:
     risk = result.risk
     headline = Text.assemble(
         ("risk ", "bold"),
-        (f"{risk.risk:.2f}", VERDICT_STYLE[risk.verdict]),
+        (fmt(risk.risk), VERDICT_STYLE[risk.verdict]),
         ("  ", ""),
         (risk.verdict.upper(), VERDICT_STYLE[risk.verdict]),
         (f"  {risk.reason}", ""),
     )
     lines: list[Text] = [headline, Text(f"risk model: {risk.model}", style="dim")]
     lines += [Text(f"note: {n}", style="dim") for n in risk.notes]
+    if risk.out_of_range:
+        lines.append(Text(f"outside the calibrated range: {'; '.join(risk.out_of_range)}", style="yellow"))
     lines += [Text(f"warning: {w}", style="yellow") for w in result.warnings]
     lr = result.config["training"].get("lr")
     lines.append(
@@ -85,3 +105,108 @@ def render(result: ScreenResult, console: Console) -> None:
         )
     )
     console.print(Panel(Group(*lines), border_style=VERDICT_STYLE[risk.verdict].split()[-1], expand=False))
+
+
+def render_probe(result: ProbeResult, console: Console) -> None:
+    """The label, its reason, the trajectory's ends and the baselines beside the init screen."""
+    style = "bold red" if result.diverged else "bold green"
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column(style="dim")
+    table.add_column()
+    table.add_row("outcome", Text("DIVERGED" if result.diverged else "stable", style=style) + f"  {result.reason}")
+    losses = result.losses
+    table.add_row("loss", f"{fmt(losses[0])} -> {fmt(losses[-1])} over {len(losses)} steps")
+    table.add_row("gradient norm", f"{fmt(result.grad_norms[0])} -> {fmt(result.grad_norms[-1])} (pre-clip)")
+    for name, value in result.baselines.items():
+        table.add_row(name.replace("_", " "), fmt(value))
+    if result.screen is not None:
+        r = result.screen.risk
+        screen = f"risk {r.risk:.2f} ({r.verdict}); near-unit mass {result.screen.features['near_unit_mass_mean']:.2f}"
+    else:
+        screen = f"not assessable: {result.screen_error}"
+    table.add_row("init screen", screen)
+    table.add_row("time", f"{result.seconds:.1f} s")
+    console.print(
+        Panel(table, title=f"probe · {result.spec.training.task}", border_style=style.split()[-1], expand=False)
+    )
+
+
+def render_sweep(frame: pd.DataFrame, path: Path, console: Console, top: int = 10) -> None:
+    """Counts, failures, and the riskiest points (or the label rate, for probes)."""
+    failed = frame["error"].notna().sum() if "error" in frame else 0
+    console.print(f"{len(frame)} points in {path} ({failed} failed)")
+    ok = frame[frame["error"].isna()] if "error" in frame else frame
+    if "label" in ok:
+        console.print(f"diverged: {int(ok['label'].sum())} of {len(ok)} probes ({ok['label'].mean():.0%})")
+    if "risk" not in ok or ok.empty:
+        return
+    axes = [c for c in ok.columns if c.startswith("config.") and ok[c].nunique(dropna=False) > 1]
+    columns = ["risk", *axes, *(["label"] if "label" in ok else [])]
+    table = Table(title=f"riskiest {min(top, len(ok))} points", title_justify="left")
+    for col in columns:
+        table.add_column(col.removeprefix("config."), justify="right")
+    for _, row in ok.nlargest(top, "risk").iterrows():
+        table.add_row(*(fmt(row[c]) if isinstance(row[c], float) else str(row[c]) for c in columns))
+    console.print(table)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write via a temporary file and a rename, so a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _metric_cells(m: dict) -> list[str]:
+    """AUROC, its CI, AUROC within no-norm, Brier, ECE: the columns of every calibration table."""
+    lo, hi = m["auroc_ci95"]
+    return [fmt(m["auroc"]), f"{fmt(lo)}-{fmt(hi)}", fmt(m["auroc_no_norm"]), fmt(m.get("brier")), fmt(m.get("ece"))]
+
+
+def render_calibration(report: dict, console: Console) -> None:
+    """Held-out figures for the fitted feature sets and the baselines, and the plain-words verdict."""
+    title = (
+        f"held out by configuration: {report['n_runs']} runs, {report['n_configurations']} configurations, "
+        f"{report['n_diverged']} diverged"
+    )
+    table = Table(title=title, title_justify="left")
+    for col in ("model / score", "AUROC", "95% CI", "AUROC no-norm", "Brier", "ECE"):
+        table.add_column(col, justify="left" if col == "model / score" else "right")
+    for name, m in report["models"].items():
+        lo, hi = m["auroc_ci95"]
+        table.add_row(
+            name,
+            fmt(m["auroc"]),
+            f"{fmt(lo)}-{fmt(hi)}",
+            fmt(m["auroc_no_norm"]),
+            fmt(m.get("brier")),
+            fmt(m.get("ece")),
+        )
+    console.print(table)
+    console.print(f"[bold]{report['verdict']}[/bold]")
+
+
+def calibration_markdown(report: dict, source: Path) -> str:
+    """The held-out report as Markdown, saved next to the calibration file."""
+    lines = [
+        "# Calibration report",
+        "",
+        f"Runs: `{source}`: {report['n_runs']} runs, {report['n_configurations']} configurations, "
+        f"{report['n_diverged']} diverged, {report['n_no_norm']} without normalisation.",
+        f"Label: {report['label']}. Calibration: {report['method']}. Every figure is held out: grouped 5-fold "
+        "cross-validation, a group being one configuration (its seeds never straddle folds); "
+        "AUROC 95% CI from 1000 bootstrap resamples.",
+        "",
+        f"**{report['verdict']}.**",
+        "",
+        "| model / score | AUROC | 95% CI | AUROC within no-norm | Brier | ECE (10 bins) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, m in report["models"].items():
+        lines.append(f"| {name} | " + " | ".join(_metric_cells(m)) + " |")
+    shipped = next(m for m in report["models"].values() if "reliability" in m)
+    lines += ["", "Reliability of the shipped model (held out):", "", "| predicted | n | mean predicted | observed |"]
+    lines.append("|---|---|---|---|")
+    lines += [f"| {r['bin']} | {r['n']} | {r['predicted']:.3f} | {r['observed']:.3f} |" for r in shipped["reliability"]]
+    return "\n".join(lines) + "\n"

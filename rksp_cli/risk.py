@@ -1,36 +1,53 @@
 """From spectral features and training hyperparameters to a risk, a verdict and its main reason.
 
-Until a calibration is fitted on labelled runs (``rksp calibrate``), the screen uses
-``RuleBasedRisk``: the RKSP paper's own decision rule (Fig. 7) mapped to a number, plus two facts
-the rule misses. It is *not* a calibrated probability, it never sees the learning rate, and it
-inherits the paper's known false positive on Post-LN; every output that uses it says so.
+Risk models read one flat row (``config.*`` and ``feature.*`` keys, see ``screen.screen_row``):
+
+* ``CalibratedRisk``: a fitted ``DivergenceModel`` (``rksp calibrate``), the default whenever a
+  calibration file is available. It also predicts the stability edge: the largest learning rate
+  whose risk stays under a level (0.2), and it flags configs outside the calibrated range.
+* ``RuleBasedRisk``: the RKSP paper's decision rule (Fig. 7) mapped to a number, plus two facts
+  the rule misses. Not a calibrated probability, blind to the learning rate, and it inherits the
+  paper's Post-LN false positive; every output that uses it says so.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
+
+import numpy as np
+import pandas as pd
+
+from rksp_cli.calibrate import Calibration, design, load_calibration
 
 # Verdict bands on the risk number.
 ELEVATED_FROM = 0.2
 HIGH_FROM = 0.5
+EDGE_LEVEL = 0.2  # the stability edge is the largest lr whose predicted risk stays below this
 
 # The paper's divergence label (section 3.1): a loss above this at any step is divergence.
 DIVERGED_LOSS = 50.0
 
+DEFAULT_CALIBRATION = Path(__file__).parent / "default_calibration.json"
+
 
 @dataclass
 class RiskAssessment:
-    risk: float  # in [0, 1]
-    verdict: str  # "low" | "elevated" | "high"
+    risk: float  # in [0, 1]; NaN when it cannot be computed (no learning rate)
+    verdict: str  # "low" | "elevated" | "high" | "unknown"
     reason: str  # the one main reason, in words
     model: str  # which risk model produced it
     calibrated: bool  # a fitted, calibrated probability (True) or a rule (False)
     notes: list[str] = field(default_factory=list)
+    lr_edge: float | None = None  # predicted stable learning-rate edge
+    out_of_range: list[str] = field(default_factory=list)  # why the config lies outside the calibration
 
 
 def verdict_for(risk: float) -> str:
+    if not math.isfinite(risk):
+        return "unknown"
     if risk >= HIGH_FROM:
         return "high"
     if risk >= ELEVATED_FROM:
@@ -39,7 +56,17 @@ def verdict_for(risk: float) -> str:
 
 
 class RiskModel(Protocol):
-    def assess(self, features: dict[str, float], config: dict[str, Any]) -> RiskAssessment: ...
+    def assess(self, row: dict[str, Any]) -> RiskAssessment: ...
+
+
+def _diverged_at_init(row: dict[str, Any]) -> str | None:
+    """The paper's label counts step 0: a loss above 50 at init is divergence, not a risk."""
+    init_loss = row.get("feature.init_loss")
+    if init_loss is not None and (not math.isfinite(init_loss) or init_loss > DIVERGED_LOSS):
+        return (
+            f"the loss at initialisation ({init_loss:.3g}) already exceeds the divergence threshold {DIVERGED_LOSS:g}"
+        )
+    return None
 
 
 class RuleBasedRisk:
@@ -54,35 +81,120 @@ class RuleBasedRisk:
     name = "rule-based fallback (RKSP paper Fig. 7); not calibrated, blind to the learning rate"
     low, high = 0.3, 0.5
 
-    def assess(self, features: dict[str, float], config: dict[str, Any]) -> RiskAssessment:
-        m = features["near_unit_mass_mean"]
-        init_loss = features.get("init_loss")
-        expansive = features.get("expansive_mass_mean", math.nan)
-        rho = features.get("spectral_radius_mean", math.nan)
+    def assess(self, row: dict[str, Any]) -> RiskAssessment:
+        m = row["feature.near_unit_mass_mean"]
+        expansive = row.get("feature.expansive_mass_mean", math.nan)
+        rho = row.get("feature.spectral_radius_mean", math.nan)
         notes = ["not a calibrated probability: run `rksp calibrate` on labelled probes for one"]
-        if init_loss is not None and (not math.isfinite(init_loss) or init_loss > DIVERGED_LOSS):
+        if reason := _diverged_at_init(row):
             risk = 1.0
-            reason = (
-                f"the loss at initialisation ({init_loss:.3g}) already exceeds "
-                f"the divergence threshold {DIVERGED_LOSS:g}"
-            )
         elif expansive >= 0.8 and rho >= 5:
             risk = 0.9
             reason = (
                 f"expansive mass {expansive:.2f} with spectral radius {rho:.1f}: the init scale itself is explosive"
             )
         else:
-            frac = min(max((m - self.low) / (self.high - self.low), 0.0), 1.0)
-            risk = 0.1 + 0.8 * frac
+            risk = 0.1 + 0.8 * min(max((m - self.low) / (self.high - self.low), 0.0), 1.0)
             if m > self.high:
                 reason = f"layer-mean near-unit mass {m:.2f} is above {self.high} (paper's high-risk rule)"
             elif m < self.low:
                 reason = f"layer-mean near-unit mass {m:.2f} is below {self.low} (paper's safe rule)"
             else:
                 reason = (
-                    f"layer-mean near-unit mass {m:.2f} lies between {self.low} and {self.high}, "
-                    "where the paper gives no rule"
+                    f"layer-mean near-unit mass {m:.2f} is in [{self.low}, {self.high}], where the paper has no rule"
                 )
-        if config.get("model", {}).get("norm") == "post" and risk >= HIGH_FROM:
+        if row.get("config.model.norm") == "post" and risk >= HIGH_FROM:
             notes.append("Post-LN is a known false positive of this rule: 0 of 69 Post-LN runs diverged in the paper")
         return RiskAssessment(risk, verdict_for(risk), reason, self.name, calibrated=False, notes=notes)
+
+
+class CalibratedRisk:
+    """A fitted divergence model: calibrated probability, stability edge, out-of-range flags."""
+
+    def __init__(self, calibration: Calibration, edge_level: float = EDGE_LEVEL):
+        self.calibration = calibration
+        self.edge_level = edge_level
+        report = calibration.report
+        self.name = f"calibrated on {report.get('n_runs', '?')} labelled runs ({calibration.path.name})"
+
+    def assess(self, row: dict[str, Any]) -> RiskAssessment:
+        cal, model = self.calibration, self.calibration.model
+        frame = pd.DataFrame([row])
+        notes = [f"label: {cal.report['label']}"] if "label" in cal.report else []
+        out_of_range = model.out_of_range(frame)
+        for setting, value in cal.fixed_settings.items():
+            mine = row.get(f"config.{setting}")
+            mine = ",".join(map(str, mine)) if isinstance(mine, (list, tuple)) else mine
+            if mine != value and not (mine is None and value is None):
+                out_of_range.append(f"{setting} = {mine} (calibrated only at {value})")
+        lr = row.get("config.training.lr")
+        edge = self.edge(row)
+        edge_text = self._edge_text(edge)
+        if reason := _diverged_at_init(row):
+            risk = 1.0
+        elif lr is None:
+            risk, reason = math.nan, f"training.lr is not set, so there is no risk to score; {edge_text}"
+        else:
+            risk = float(model.predict_proba(frame)[0])
+            if edge is not None and math.isfinite(edge):
+                ratio = lr / edge
+                where = f"{ratio:.1f}x above" if ratio > 1 else f"{1 / ratio:.1f}x below"
+                reason = f"lr {lr:.2g} is {where} the predicted edge {edge:.2g} (risk {self.edge_level:g})"
+            else:
+                reason = f"lr {lr:.2g}; {edge_text}"
+            drivers = self.drivers(frame)
+            if drivers:
+                notes.append(f"main drivers of the score: {', '.join(drivers)}")
+        return RiskAssessment(
+            risk, verdict_for(risk), reason, self.name, calibrated=True, notes=notes, lr_edge=edge,
+            out_of_range=out_of_range,
+        )  # fmt: skip
+
+    def edge(self, row: dict[str, Any], points: int = 121) -> float | None:
+        """The largest lr in the calibrated range whose risk, and every lower lr's, stays under the level.
+
+        Returns None when even the lowest calibrated lr is over the level, and inf when no lr in
+        the range reaches it.
+        """
+        lo, hi = self.calibration.lr_range
+        grid = np.logspace(math.log10(lo), math.log10(hi), points)
+        frame = pd.DataFrame([row] * points)
+        frame["config.training.lr"] = grid
+        risk = self.calibration.model.predict_proba(frame)
+        over = np.flatnonzero(risk >= self.edge_level)
+        if over.size == 0:
+            return math.inf
+        if over[0] == 0:
+            return None
+        return float(grid[over[0] - 1])
+
+    def _edge_text(self, edge: float | None) -> str:
+        lo, hi = self.calibration.lr_range
+        if edge is None:
+            return f"every calibrated lr (from {lo:.2g}) is predicted above risk {self.edge_level:g}"
+        if math.isinf(edge):
+            return f"no calibrated lr (up to {hi:.2g}) reaches risk {self.edge_level:g}"
+        return f"predicted edge lr {edge:.2g} (risk {self.edge_level:g})"
+
+    def drivers(self, frame: pd.DataFrame, top: int = 2) -> list[str]:
+        """The features pushing this row's score up the most (coefficient x standardised value)."""
+        model = self.calibration.model
+        X = design(frame, model.features).reindex(columns=model.columns)
+        x = X.fillna(dict(zip(model.columns, model.medians, strict=True))).to_numpy(float)[0]
+        contrib = np.asarray(model.coef) * (x - model.means) / np.asarray(model.scales)
+        order = np.argsort(contrib)[::-1]
+        return [model.columns[i] for i in order[:top] if contrib[i] > 0]
+
+
+def default_risk_model(calibration: str | Path | None = None) -> RiskModel:
+    """The shipped calibration (or ``calibration``); the rule-based fallback if there is none.
+
+    ``calibration="none"`` asks for the fallback explicitly.
+    """
+    if calibration == "none":
+        return RuleBasedRisk()
+    if calibration is not None:
+        return CalibratedRisk(load_calibration(calibration))
+    if DEFAULT_CALIBRATION.is_file():
+        return CalibratedRisk(load_calibration(DEFAULT_CALIBRATION))
+    return RuleBasedRisk()

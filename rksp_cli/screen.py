@@ -19,16 +19,16 @@ from rksp_cli.capture import capture_residual_stream, sample_positions
 from rksp_cli.data import screen_batch
 from rksp_cli.errors import UnassessableError
 from rksp_cli.koopman import DMDSettings, LayerSpectrum, aggregate, layer_features, layer_spectrum
-from rksp_cli.models import build_subject
-from rksp_cli.risk import RiskAssessment, RiskModel, RuleBasedRisk
-from rksp_cli.spec import ScreenSpec
+from rksp_cli.models import Subject, build_subject
+from rksp_cli.risk import RiskAssessment, RiskModel, default_risk_model
+from rksp_cli.spec import ScreenSpec, flatten
 
 ProgressCallback = Callable[[int, int], None]  # (layers done, layers total)
 
 
 @dataclass
 class ScreenResult:
-    config: dict[str, Any]  # the resolved screen config
+    spec: ScreenSpec
     model: dict[str, Any]  # what was built: source, architecture, parameter count
     spectra: list[LayerSpectrum]
     stream_rms: list[float]  # RMS of h_0 .. h_L over the sampled tokens
@@ -36,6 +36,11 @@ class ScreenResult:
     risk: RiskAssessment
     timings: dict[str, float]
     warnings: list[str] = field(default_factory=list)
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The resolved screen config."""
+        return self.spec.resolved()
 
     def layer_rows(self) -> list[dict[str, Any]]:
         """One row per block transition, the shape of ``--csv`` and of ``layers`` in ``--json``."""
@@ -55,23 +60,27 @@ class ScreenResult:
             rows.append(row)
         return rows
 
+    def row(self) -> dict[str, Any]:
+        """A flat record for sweeps and calibration: key, config.*, feature.*, risk and verdict."""
+        return screen_row(self.spec, self.features, self.risk)
+
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: non-finite numbers become null."""
-        return _finite(
-            {
-                "rksp_version": __version__,
-                "risk": self.risk.risk,
-                "verdict": self.risk.verdict,
-                "reason": self.risk.reason,
-                "risk_model": {"name": self.risk.model, "calibrated": self.risk.calibrated, "notes": self.risk.notes},
-                "features": self.features,
-                "layers": self.layer_rows(),
-                "model": self.model,
-                "config": self.config,
-                "warnings": self.warnings,
-                "timings_s": self.timings,
-            }
-        )
+        """Everything a report needs, as plain data (``render.dumps`` makes it strict JSON)."""
+        return {
+            "rksp_version": __version__,
+            "risk": self.risk.risk,
+            "verdict": self.risk.verdict,
+            "reason": self.risk.reason,
+            "risk_model": {"name": self.risk.model, "calibrated": self.risk.calibrated, "notes": self.risk.notes},
+            "lr_edge": self.risk.lr_edge,
+            "out_of_range": self.risk.out_of_range,
+            "features": self.features,
+            "layers": self.layer_rows(),
+            "model": self.model,
+            "config": self.config,
+            "warnings": self.warnings,
+            "timings_s": self.timings,
+        }
 
 
 def screen(
@@ -81,11 +90,20 @@ def screen(
     on_layer: ProgressCallback | None = None,
 ) -> ScreenResult:
     """Screen one configuration. Raises ``InputError`` (exit 2) or ``UnassessableError`` (exit 3)."""
-    timings: dict[str, float] = {}
     t = time.perf_counter()
     subject = build_subject(spec.model, spec.probe.seed, allow_pickle)
-    timings["build"] = time.perf_counter() - t
+    return profile(subject, spec, risk_model, on_layer, timings={"build": time.perf_counter() - t})
 
+
+def profile(
+    subject: Subject,
+    spec: ScreenSpec,
+    risk_model: RiskModel | None = None,
+    on_layer: ProgressCallback | None = None,
+    timings: dict[str, float] | None = None,
+) -> ScreenResult:
+    """Screen a model already built from ``spec`` (the probe trains the same object afterwards)."""
+    timings = dict(timings or {})
     t = time.perf_counter()
     gen = torch.Generator().manual_seed(spec.probe.seed)
     ids = screen_batch(spec.probe.input, spec.probe.tokens, subject.vocab_size, subject.seq_len, gen)
@@ -122,9 +140,22 @@ def screen(
     )
     if init_loss is not None:
         features["init_loss"] = float(init_loss)
-    config = spec.resolved()
-    risk = (risk_model or RuleBasedRisk()).assess(features, config)
-    return ScreenResult(config, subject.summary, spectra, stream_rms, features, risk, timings, warnings)
+    init_std = spec.model.init_std if spec.model.init_std is not None else subject.summary.get("initializer_range")
+    features["init_std"] = math.nan if spec.model.checkpoint is not None or init_std is None else float(init_std)
+    risk = (risk_model or default_risk_model()).assess(screen_row(spec, features))
+    return ScreenResult(spec, subject.summary, spectra, stream_rms, features, risk, timings, warnings)
+
+
+def screen_row(
+    spec: ScreenSpec, features: dict[str, float] | None = None, risk: RiskAssessment | None = None
+) -> dict[str, Any]:
+    """The flat record of a screen; without features (an unassessable init) only the config."""
+    row: dict[str, Any] = {"key": spec.key(), "config_id": spec.key(with_seed=False)}
+    row.update(flatten(spec.resolved(), "config"))
+    row.update({f"feature.{k}": v for k, v in (features or {}).items()})
+    if risk is not None:
+        row.update(risk=risk.risk, verdict=risk.verdict)
+    return row
 
 
 def _distinct_columns(X: torch.Tensor, Y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -161,13 +192,3 @@ def _warnings(spectra: list[LayerSpectrum], d: int, n_tokens: int, distinct: int
     if fallback:
         out.append(f"ResDMD filter kept no eigenvalue in layer(s) {fallback}; all eigenvalues used there")
     return out
-
-
-def _finite(obj: Any) -> Any:
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    return obj

@@ -14,6 +14,8 @@ Accepted paths:
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -22,6 +24,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from rksp_cli.errors import InputError
 from rksp_cli.models.gpt import NORMS, GPTConfig
+from rksp_cli.tasks import TASKS
 
 CHECKPOINT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth")
@@ -120,6 +123,18 @@ class TrainingSpec(_Section):
     weight_decay: Annotated[float, Field(ge=0)] = 0.1
     grad_clip: Annotated[float, Field(gt=0)] | None = None
     betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = (0.9, 0.95)
+    # What `rksp probe` trains on, for how long, and what counts as divergence (RKSP paper, 3.1).
+    steps: Annotated[int, Field(ge=1)] = 300
+    task: str = "synthetic_lm"  # synthetic_lm | assoc_recall | a text or .npy file (character-level LM)
+    diverge_loss: Annotated[float, Field(gt=0)] = 50.0
+    diverge_grad_norm: Annotated[float, Field(gt=0)] = 500.0
+
+    @field_validator("task")
+    @classmethod
+    def _known_task(cls, value: str) -> str:
+        if value not in TASKS and not Path(value).is_file():
+            raise ValueError(f"must be one of {', '.join(TASKS)} or a text file; {value} does not exist")
+        return value
 
 
 class ProbeSpec(_Section):
@@ -147,6 +162,13 @@ class ScreenSpec(_Section):
     def resolved(self) -> dict[str, Any]:
         """The config as JSON-ready data, every default filled in."""
         return self.model_dump(mode="json")
+
+    def key(self, with_seed: bool = True) -> str:
+        """A stable hash of the resolved config: with the seed it names a run, without it a configuration."""
+        data = self.resolved()
+        if not with_seed:
+            data["probe"].pop("seed")
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def load_spec(path: str | Path, overrides: list[str] | None = None) -> ScreenSpec:
@@ -204,12 +226,13 @@ def _raw_from_path(path: Path) -> dict[str, Any]:
 
 def _resolve_relative_paths(raw: dict[str, Any], base: Path) -> None:
     """Paths written in a config file are relative to that file, as users expect."""
-    for section, key in (("model", "hf_config"), ("model", "checkpoint"), ("probe", "input")):
+    keywords = {"random", *TASKS}
+    for section, key in (("model", "hf_config"), ("model", "checkpoint"), ("probe", "input"), ("training", "task")):
         block = raw.get(section)
         if not isinstance(block, dict) or not isinstance(block.get(key), str):
             continue
         value = block[key]
-        if key == "input" and value == "random":
+        if value in keywords:
             continue
         if not Path(value).is_absolute():
             block[key] = str(base / value)
@@ -217,20 +240,39 @@ def _resolve_relative_paths(raw: dict[str, Any], base: Path) -> None:
 
 def _apply_override(raw: dict[str, Any], item: str) -> None:
     key, sep, text = item.partition("=")
-    parts = key.strip().split(".")
-    if not sep or not all(parts):
+    if not sep or not all(key.strip().split(".")):
         raise InputError(f"--set {item!r}: expected SECTION.FIELD=VALUE, e.g. training.lr=3e-3")
     try:
         value = yaml.safe_load(text) if text.strip() else None
     except yaml.YAMLError:
         value = text
+    set_field(raw, key.strip(), value, where=f"--set {item!r}")
+
+
+def set_field(raw: dict[str, Any], dotted: str, value: Any, where: str = "") -> None:
+    """Set ``section.field`` in raw config data, creating sections as needed."""
+    parts = dotted.split(".")
     target = raw
     for part in parts[:-1]:
         node = target.setdefault(part, {})
         if not isinstance(node, dict):
-            raise InputError(f"--set {item!r}: {part} is not a section")
+            raise InputError(f"{where or dotted}: {part} is not a section")
         target = node
     target[parts[-1]] = value
+
+
+def flatten(data: dict[str, Any], prefix: str) -> dict[str, Any]:
+    """Nested config data as flat ``prefix.section.field`` columns (lists joined by commas)."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        name = f"{prefix}.{key}"
+        if isinstance(value, dict):
+            out.update(flatten(value, name))
+        elif isinstance(value, (list, tuple)):
+            out[name] = ",".join(str(v) for v in value)
+        else:
+            out[name] = value
+    return out
 
 
 def _describe(exc: ValidationError) -> str:

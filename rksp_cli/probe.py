@@ -1,0 +1,169 @@
+"""Ground truth: train a configuration briefly and label whether it diverged.
+
+The label is the RKSP paper's (section 3.1): diverged if at any step the loss exceeds 50 or the
+pre-clip global gradient L2 norm exceeds 500, or either is non-finite (thresholds configurable in
+``training``). Training stops at the first diverged step.
+
+Design choices, where the paper is silent:
+* weight decay applies to matrices and embeddings only (2-D parameters), not to biases or gains;
+* the learning rate warms up linearly from 0 over ``warmup_steps`` and then stays constant (a
+  short probe has no use for a decay schedule);
+* ``sgd`` uses momentum ``betas[0]``;
+* a *loss spike* (for the baseline spike count) is a step whose loss exceeds 1.5x the median of
+  the previous 20 steps.
+
+Each probe first screens the freshly initialised model (same seed, same weights), so a row holds
+the init-time features and the outcome of training exactly that init.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from rksp_cli.errors import InputError, UnassessableError
+from rksp_cli.models import build_subject
+from rksp_cli.screen import ScreenResult, profile, screen_row
+from rksp_cli.spec import ScreenSpec
+from rksp_cli.tasks import make_task
+
+BASELINE_STEP = 100  # "gradient norm at step 100" in the paper's Table 2
+SPIKE_WINDOW, SPIKE_FACTOR = 20, 1.5
+
+StepCallback = Callable[[int, float, float], None]  # (step, loss, grad norm)
+
+
+@dataclass
+class ProbeResult:
+    spec: ScreenSpec
+    diverged: bool
+    diverged_step: int | None
+    reason: str  # why it was labelled as it was
+    losses: list[float]
+    grad_norms: list[float]  # pre-clip global L2 norms
+    seconds: float
+    screen: ScreenResult | None  # None when the init could not be assessed
+    screen_error: str | None = None
+    baselines: dict[str, float] = field(default_factory=dict)
+
+    def row(self) -> dict[str, Any]:
+        """A flat record: config.*, feature.*, baseline.*, the label and its provenance."""
+        row = self.screen.row() if self.screen is not None else screen_row(self.spec)
+        row.update({f"baseline.{k}": v for k, v in self.baselines.items()})
+        row.update(
+            label=int(self.diverged),
+            diverged_step=self.diverged_step,
+            steps_run=len(self.losses),
+            final_loss=self.losses[-1] if self.losses else math.nan,
+            label_reason=self.reason,
+            screen_error=self.screen_error,
+            probe_seconds=self.seconds,
+        )
+        return row
+
+
+def probe(spec: ScreenSpec, on_step: StepCallback | None = None) -> ProbeResult:
+    """Screen the initialised model, then train it for ``training.steps`` steps and label the run."""
+    if spec.model.arch != "gpt":
+        raise InputError("rksp probe trains the built-in gpt (model.arch: gpt); transformers models are screened only")
+    t0 = time.perf_counter()
+    subject = build_subject(spec.model, spec.probe.seed)
+    try:
+        screen, screen_error = profile(subject, spec), None
+    except UnassessableError as exc:
+        screen, screen_error = None, str(exc)
+
+    train = spec.training
+    model = subject.module
+    task = make_task(train.task, subject.vocab_size, subject.seq_len)
+    optimizer = _optimizer(model, spec)
+    warmup = train.warmup_steps
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
+    gen = torch.Generator().manual_seed(spec.probe.seed + 1)  # data stream, independent of the init
+
+    model.train()
+    losses: list[float] = []
+    grads: list[float] = []
+    diverged_step, reason = None, f"no divergence in {train.steps} steps"
+    for step in range(train.steps):
+        inputs, targets = task.batch(train.batch_size, gen)
+        _, loss = model(inputs, targets)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), train.grad_clip or math.inf))
+        loss_value = float(loss.detach())
+        losses.append(loss_value)
+        grads.append(grad_norm)
+        if on_step is not None:
+            on_step(step, loss_value, grad_norm)
+        why = _divergence(loss_value, grad_norm, train.diverge_loss, train.diverge_grad_norm)
+        if why:
+            diverged_step, reason = step, f"{why} at step {step}"
+            break
+        optimizer.step()
+        schedule.step()
+    return ProbeResult(
+        spec=spec,
+        diverged=diverged_step is not None,
+        diverged_step=diverged_step,
+        reason=reason,
+        losses=losses,
+        grad_norms=grads,
+        seconds=time.perf_counter() - t0,
+        screen=screen,
+        screen_error=screen_error,
+        baselines=baselines(losses, grads),
+    )
+
+
+def _divergence(loss: float, grad_norm: float, max_loss: float, max_grad: float) -> str | None:
+    if not math.isfinite(loss):
+        return "non-finite loss"
+    if not math.isfinite(grad_norm):
+        return "non-finite gradient norm"
+    if loss > max_loss:
+        return f"loss {loss:.3g} > {max_loss:g}"
+    if grad_norm > max_grad:
+        return f"gradient norm {grad_norm:.3g} > {max_grad:g}"
+    return None
+
+
+def _optimizer(model: torch.nn.Module, spec: ScreenSpec) -> torch.optim.Optimizer:
+    t = spec.training
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": t.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    if t.optimizer == "sgd":
+        return torch.optim.SGD(groups, lr=t.lr, momentum=t.betas[0])
+    if t.lr is None:
+        raise InputError("training.lr: a probe needs a learning rate")
+    cls = torch.optim.AdamW if t.optimizer == "adamw" else torch.optim.Adam
+    return cls(groups, lr=t.lr, betas=t.betas)
+
+
+def baselines(losses: list[float], grads: list[float], k: int = BASELINE_STEP) -> dict[str, float]:
+    """The paper's gradient and loss baselines (Table 2), as seen up to step k.
+
+    A run that diverged before step k is scored on what it showed when it stopped, since that is
+    what a monitor would have seen by step k.
+    """
+    if not grads:
+        return {}
+    window = grads[:k]
+    spikes = sum(
+        1
+        for t in range(SPIKE_WINDOW, min(len(losses), 5 * k))
+        if losses[t] > SPIKE_FACTOR * statistics.median(losses[t - SPIKE_WINDOW : t])
+    )
+    return {
+        "init_grad_norm": grads[0],
+        "grad_norm_at_k": window[-1],
+        "grad_norm_var_k": statistics.pvariance(window) if len(window) > 1 else 0.0,
+        "loss_spikes": float(spikes),
+    }

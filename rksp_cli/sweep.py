@@ -1,0 +1,253 @@
+"""Grids of screens (and, with ``probe=True``, short labelled trainings), resumable, local or on Ray.
+
+A grid file names a base screen config and, per field, a list or a range, plus seeds::
+
+    base: ../screens/gpt-small-noln.yaml      # relative to the grid file
+    axes:
+      training.lr: {log: [1e-4, 1e-1], num: 7}
+      model.n_layers: [2, 4, 6]
+      model.norm: [pre, post, none]
+    seeds: [0, 1, 2]                           # probe.seed values; default [0]
+    sample: 200                                # optional: a seeded random subset of the configurations
+    sample_seed: 0
+
+The store is an SQLite journal (``<out>.journal``): each finished point is one committed row, so a
+kill at any moment loses at most the points in flight, and a restart skips every key it holds
+(the key hashes the resolved config, seed included). When the sweep ends, the journal is exported
+to ``<out>`` (Parquet, written to a temporary file and renamed).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import random
+import sqlite3
+import time
+import traceback
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+from rksp_cli.errors import InputError
+from rksp_cli.spec import load_spec, set_field, spec_from_dict
+
+Progress = Callable[[int, int, int], None]  # (done, total, failed)
+
+
+@dataclass(frozen=True)
+class Point:
+    key: str
+    config: dict[str, Any]  # a full raw config: base plus this point's values
+
+
+def load_grid(path: str | Path) -> list[Point]:
+    """Expand a grid file into validated points. Every error surfaces here, before any work."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{path}: no such grid file")
+    try:
+        grid = yaml.safe_load(path.read_text())
+    except yaml.YAMLError:
+        raise InputError(f"{path}: not valid YAML") from None
+    if not isinstance(grid, dict):
+        raise InputError(f"{path}: expected a mapping with base, axes and seeds")
+    unknown = set(grid) - {"base", "axes", "seeds", "sample", "sample_seed"}
+    if unknown:
+        raise InputError(f"{path}: unknown field {sorted(unknown)[0]}")
+    if "base" in grid:
+        base_path = path.parent / str(grid["base"])
+        base = load_spec(base_path).resolved()
+    else:
+        base = spec_from_dict({}).resolved()
+    axes = grid.get("axes") or {}
+    if not isinstance(axes, dict) or not axes:
+        raise InputError(f"{path}: axes: give at least one field with a list or range of values")
+    values = {name: _axis_values(path, name, spec) for name, spec in axes.items()}
+    seeds = grid.get("seeds", [0])
+    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) for s in seeds):
+        raise InputError(f"{path}: seeds: expected a non-empty list of integers")
+
+    combos = list(itertools.product(*values.values()))
+    if "sample" in grid:
+        n = grid["sample"]
+        if not isinstance(n, int) or n < 1:
+            raise InputError(f"{path}: sample: expected a positive integer")
+        combos = random.Random(grid.get("sample_seed", 0)).sample(combos, min(n, len(combos)))
+    points = []
+    for combo in combos:
+        for seed in seeds:
+            raw = json.loads(json.dumps(base))
+            chosen = dict(zip(values, combo, strict=True))
+            for name, value in chosen.items():
+                set_field(raw, name, value, where=f"{path}: axes.{name}")
+            raw["probe"]["seed"] = seed
+            where = f"{path} (point {', '.join(f'{k}={v}' for k, v in chosen.items())})"
+            spec = spec_from_dict(raw, source=where)
+            points.append(Point(spec.key(), spec.resolved()))
+    return list({p.key: p for p in points}.values())  # identical points run once
+
+
+def _axis_values(path: Path, name: str, spec: Any) -> list[Any]:
+    where = f"{path}: axes.{name}"
+    if isinstance(spec, list):
+        if not spec:
+            raise InputError(f"{where}: empty list")
+        return spec
+    if isinstance(spec, dict) and len(spec) == 2 and "num" in spec and ({"log", "linear"} & spec.keys()):
+        kind = "log" if "log" in spec else "linear"
+        bounds, num = spec[kind], spec["num"]
+        try:  # PyYAML reads 1e-4 (no dot) as a string
+            lo, hi = (float(b) for b in bounds)  # exactly two numbers, or ValueError
+        except (TypeError, ValueError):
+            lo = hi = math.nan
+        if (
+            not isinstance(bounds, list)
+            or len(bounds) != 2
+            or math.isnan(lo + hi)
+            or not isinstance(num, int)
+            or num < 1
+        ):
+            raise InputError(f"{where}: expected {{{kind}: [low, high], num: N}} with numbers and N >= 1")
+        if kind == "log":
+            if lo <= 0 or hi <= 0:
+                raise InputError(f"{where}: log range bounds must be positive")
+            lo, hi = math.log(lo), math.log(hi)
+        steps = [lo + (hi - lo) * i / (num - 1) if num > 1 else lo for i in range(num)]
+        return [float(f"{(math.exp(s) if kind == 'log' else s):.6g}") for s in steps]
+    raise InputError(f"{where}: expected a list or {{log|linear: [low, high], num: N}}")
+
+
+class Store:
+    """The durable result journal: one committed SQLite row per finished point."""
+
+    def __init__(self, out: Path):
+        self.out = Path(out)
+        self.journal = self.out.with_name(self.out.name + ".journal")
+        self.db = sqlite3.connect(self.journal)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("CREATE TABLE IF NOT EXISTS points (key TEXT PRIMARY KEY, row TEXT NOT NULL)")
+        self.db.commit()
+
+    def keys(self) -> set[str]:
+        return {k for (k,) in self.db.execute("SELECT key FROM points")}
+
+    def add(self, row: dict[str, Any]) -> None:
+        self.db.execute("INSERT OR REPLACE INTO points VALUES (?, ?)", (row["key"], json.dumps(row, default=_json)))
+        self.db.commit()
+
+    def frame(self) -> pd.DataFrame:
+        rows = [json.loads(r) for (r,) in self.db.execute("SELECT row FROM points ORDER BY rowid")]
+        return pd.DataFrame(rows)
+
+    def export(self) -> pd.DataFrame:
+        frame = self.frame()
+        tmp = self.out.with_name(f".{self.out.name}.{os.getpid()}.tmp")
+        frame.to_parquet(tmp, index=False)
+        os.replace(tmp, self.out)
+        return frame
+
+    def close(self) -> None:
+        self.db.close()
+
+
+def _json(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return str(value)
+
+
+def run_point(config: dict[str, Any], key: str, probe: bool) -> dict[str, Any]:
+    """Screen (or probe) one point; failures become rows with an ``error``, never exceptions."""
+    import torch
+
+    torch.set_num_threads(1)  # one worker per core: more threads per worker only fight each other
+    t0 = time.perf_counter()
+    try:
+        spec = spec_from_dict(config, source=f"point {key}")
+        if probe:
+            from rksp_cli.probe import probe as run_probe
+
+            row = run_probe(spec).row()
+        else:
+            from rksp_cli.screen import screen
+
+            row = screen(spec).row()
+        row["error"] = None
+    except Exception as exc:  # one failing point must not stop the sweep
+        row = {"key": key, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc(limit=3)}
+    row["key"] = key
+    row["seconds"] = time.perf_counter() - t0
+    return row
+
+
+def run_sweep(
+    points: list[Point],
+    out: Path,
+    probe: bool = False,
+    workers: int = 1,
+    backend: str = "local",
+    address: str | None = None,
+    on_progress: Progress | None = None,
+) -> pd.DataFrame:
+    """Run every point not yet in the store, then export the store to ``out``."""
+    store = Store(out)
+    try:
+        done = store.keys()
+        todo = [p for p in points if p.key not in done]
+        finished, failed = len(points) - len(todo), 0
+        if on_progress:
+            on_progress(finished, len(points), failed)
+        results = _ray(todo, probe, address) if backend == "ray" else _local(todo, probe, workers)
+        for row in results:
+            store.add(row)
+            finished += 1
+            failed += row.get("error") is not None
+            if on_progress:
+                on_progress(finished, len(points), failed)
+        return store.export()
+    finally:
+        store.close()
+
+
+def _local(points: list[Point], probe: bool, workers: int) -> Iterator[dict[str, Any]]:
+    if workers <= 1:
+        for p in points:
+            yield run_point(p.config, p.key, probe)
+        return
+    import multiprocessing
+
+    # spawn, not fork: forking a process that already holds torch's thread pools can deadlock
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        pending = set()
+        queue = iter(points)
+        for p in itertools.islice(queue, 2 * workers):
+            pending.add(pool.submit(run_point, p.config, p.key, probe))
+        while pending:
+            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for future in finished:
+                yield future.result()
+                nxt = next(queue, None)
+                if nxt is not None:
+                    pending.add(pool.submit(run_point, nxt.config, nxt.key, probe))
+
+
+def _ray(points: list[Point], probe: bool, address: str | None) -> Iterable[dict[str, Any]]:
+    try:
+        import ray
+    except ImportError:
+        raise InputError("--backend ray needs Ray: pip install 'rksp[ray]'") from None
+    if not ray.is_initialized():
+        ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+    remote = ray.remote(num_cpus=1)(run_point)
+    pending = [remote.remote(p.config, p.key, probe) for p in points]
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1)
+        yield from ray.get(ready)

@@ -1,0 +1,74 @@
+"""Probe tasks and the labelled training runs."""
+
+import math
+
+import pytest
+import torch
+
+from rksp_cli.probe import baselines, probe
+from rksp_cli.spec import spec_from_dict
+from rksp_cli.tasks import AssociativeRecall, SyntheticLM, make_task
+
+
+def _spec(model=None, training=None):
+    return spec_from_dict(
+        {"model": {"n_layers": 2, **(model or {})}, "training": training or {}, "probe": {"tokens": 256}}
+    )
+
+
+def test_associative_recall_asks_for_the_value_of_a_seen_key():
+    task = AssociativeRecall(vocab_size=64, seq_len=20)
+    x, y = task.batch(32, torch.Generator().manual_seed(0))
+    assert x.shape == y.shape == (32, 20)
+    assert torch.all(y[:, :-1] == -100)  # loss on the last position only
+    keys, values = x[:, 0:8:2], x[:, 1:8:2]
+    assert torch.all(keys < 32) and torch.all(values >= 32)  # disjoint halves
+    for row in range(32):
+        slot = (keys[row] == x[row, -1]).nonzero()
+        assert slot.numel() == 1 and values[row, slot[0, 0]] == y[row, -1]
+
+
+def test_synthetic_lm_is_next_token_prediction_over_high_ids():
+    x, y = SyntheticLM(vocab_size=50, seq_len=40).batch(8, torch.Generator().manual_seed(0))
+    assert torch.all(x >= 10) and torch.all(x < 50)
+    assert torch.equal(x[:, 1:], y[:, :-1])
+
+
+def test_text_file_task(tmp_path):
+    path = tmp_path / "t.txt"
+    path.write_text("abcdefgh" * 20)
+    x, y = make_task(str(path), 16, 10).batch(4, torch.Generator().manual_seed(0))
+    assert torch.equal(x[:, 1:], y[:, :-1])
+
+
+def test_high_lr_without_norm_diverges_and_stops_early():
+    result = probe(_spec({"norm": "none"}, {"lr": 0.3, "steps": 50}))
+    assert result.diverged and result.diverged_step is not None
+    assert len(result.losses) == result.diverged_step + 1 < 50
+    row = result.row()
+    assert row["label"] == 1 and "at step" in row["label_reason"]
+    assert {"config.training.lr", "feature.near_unit_mass_mean", "baseline.init_grad_norm"} <= row.keys()
+
+
+def test_gentle_run_is_stable_deterministic_and_thresholds_are_configurable():
+    a = probe(_spec({"norm": "pre"}, {"lr": 1e-3, "steps": 15}))
+    b = probe(_spec({"norm": "pre"}, {"lr": 1e-3, "steps": 15}))
+    assert not a.diverged and len(a.losses) == 15 and a.losses == b.losses
+    strict = probe(_spec({"norm": "pre"}, {"lr": 1e-3, "steps": 15, "diverge_loss": 1.0}))
+    assert strict.diverged and strict.diverged_step == 0
+
+
+def test_baselines_see_a_spike_and_the_step_k_values():
+    losses = [3.0] * 30 + [9.0] + [3.0] * 10
+    grads = [float(i) for i in range(41)]
+    b = baselines(losses, grads, k=10)
+    assert b["loss_spikes"] == 1 and b["init_grad_norm"] == 0.0 and b["grad_norm_at_k"] == 9.0
+    assert math.isclose(b["grad_norm_var_k"], torch.arange(10.0).var(unbiased=False).item())
+
+
+def test_probe_refuses_transformers_models(hf_config_file):
+    from rksp_cli.errors import InputError
+
+    spec = spec_from_dict({"model": {"hf_config": str(hf_config_file("gpt2"))}})
+    with pytest.raises(InputError, match="built-in gpt"):
+        probe(spec)
