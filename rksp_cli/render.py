@@ -174,15 +174,7 @@ def render_calibration(report: dict, console: Console) -> None:
     for col in ("model / score", "AUROC", "95% CI", "AUROC no-norm", "Brier", "ECE"):
         table.add_column(col, justify="left" if col == "model / score" else "right")
     for name, m in report["models"].items():
-        lo, hi = m["auroc_ci95"]
-        table.add_row(
-            name,
-            fmt(m["auroc"]),
-            f"{fmt(lo)}-{fmt(hi)}",
-            fmt(m["auroc_no_norm"]),
-            fmt(m.get("brier")),
-            fmt(m.get("ece")),
-        )
+        table.add_row(name, *_metric_cells(m))
     console.print(table)
     console.print(f"[bold]{report['verdict']}[/bold]")
 
