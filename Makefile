@@ -11,7 +11,7 @@ TORCH  := torch==2.13.0
 STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 SCREEN ?= screens/gpt-small-noln.yaml
 
-.PHONY: install screen test lint format clean bench-norms
+.PHONY: install screen test lint format clean bench-norms calibration
 
 install: $(STAMP)
 
@@ -39,3 +39,9 @@ clean:
 
 bench-norms: install
 	$(BIN)/python benchmarks/norm_table.py
+
+# The shipped calibration: ~800 labelled probe runs (about 40 minutes on 2 cores), then the fit and
+# its held-out report. Rerunning resumes from calibration/runs.parquet.journal.
+calibration: install
+	$(BIN)/rksp sweep grids/calibration.yaml --probe --workers 2 --out calibration/runs.parquet
+	$(BIN)/rksp calibrate calibration/runs.parquet --out rksp_cli/default_calibration.json --report calibration/report.md

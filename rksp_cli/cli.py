@@ -139,9 +139,13 @@ def sweep(
     workers: Annotated[int, typer.Option("--workers", min=1, help="Local worker processes.")] = 1,
     backend: Annotated[str, typer.Option("--backend", help="local or ray.")] = "local",
     address: Annotated[str | None, typer.Option("--address", help="Ray cluster address (e.g. auto).")] = None,
+    heatmap: Annotated[
+        str | None, typer.Option("--heatmap", help="Two axes for the risk heatmap, e.g. training.lr,model.norm.")
+    ] = None,
 ) -> None:
     """Screen (and with --probe, label) every point of a grid; rerun the same command to resume."""
     from rksp_cli import render
+    from rksp_cli.report import risk_heatmap, sweep_axes
     from rksp_cli.sweep import load_grid, run_sweep
 
     if backend not in ("local", "ray"):
@@ -155,6 +159,15 @@ def sweep(
     except InputError as exc:
         _fail(exc)
     render.render_sweep(frame, out_path, out)
+    ok = frame[frame["error"].isna()] if "error" in frame else frame
+    axes = (
+        [f"config.{a.strip().removeprefix('config.')}" for a in heatmap.split(",")] if heatmap else sweep_axes(ok)[:2]
+    )
+    if "risk" in ok and len(axes) == 2 and all(a in ok for a in axes):
+        png = risk_heatmap(ok, axes[0], axes[1], out_path.with_name(out_path.stem + "-heatmap.png"))
+        out.print(f"heatmap: {png}")
+    elif heatmap:
+        err.print(f"[yellow]no heatmap: {heatmap} are not two columns of the results[/yellow]")
 
 
 @app.command()
@@ -162,6 +175,10 @@ def calibrate(
     runs: Annotated[Path, typer.Argument(help="Labelled runs (.parquet) from `rksp sweep --probe`.")],
     out_path: Annotated[Path, typer.Option("--out", help="Calibration file (.json); a .md report goes beside it.")],
     method: Annotated[str, typer.Option("--method", help="sigmoid (Platt) or isotonic.")] = "sigmoid",
+    report_path: Annotated[
+        Path | None, typer.Option("--report", help="Markdown report (default: beside --out, as .md).")
+    ] = None,
+    bootstrap: Annotated[int, typer.Option("--bootstrap", min=10, help="Resamples for the AUROC CIs.")] = 1000,
 ) -> None:
     """Fit P(diverged) on labelled runs; report it held out by configuration, beside the baselines."""
     from rksp_cli import render
@@ -172,12 +189,12 @@ def calibrate(
     try:
         frame = read_runs(runs)
         with err.status("grouped cross-validation of every feature set and baseline"):
-            report = evaluate(frame, method=method)
+            report = evaluate(frame, method=method, n_boot=bootstrap)
             model = DivergenceModel(features=FEATURE_SETS[SHIPPED], method=method).fit(frame)
     except InputError as exc:
         _fail(exc)
     save_calibration(out_path, model, report, frame)
-    markdown = out_path.with_suffix(".md")
+    markdown = report_path or out_path.with_suffix(".md")
     render.write_atomic(markdown, render.calibration_markdown(report, source=runs))
     render.render_calibration(report, out)
     out.print(f"wrote {out_path} and {markdown}")

@@ -15,6 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from rksp_cli.probe import ProbeResult
+from rksp_cli.report import sweep_axes
 from rksp_cli.screen import ScreenResult
 
 VERDICT_STYLE = {"low": "bold green", "elevated": "bold yellow", "high": "bold red", "unknown": "bold blue"}
@@ -35,7 +36,7 @@ def fmt(x: float | None) -> str:
         return "-"
     if isinstance(x, float) and math.isinf(x):
         return "inf"
-    return f"{x:.3g}" if abs(x) >= 100 else f"{x:.2f}"
+    return f"{x:.3g}" if abs(x) >= 100 or 0 < abs(x) < 0.01 else f"{x:.2f}"
 
 
 def to_json(result: ScreenResult) -> str:
@@ -132,7 +133,7 @@ def render_probe(result: ProbeResult, console: Console) -> None:
 
 
 def render_sweep(frame: pd.DataFrame, path: Path, console: Console, top: int = 10) -> None:
-    """Counts, failures, and the riskiest points (or the label rate, for probes)."""
+    """Counts and failures, the riskiest points, and the predicted stability edge per architecture."""
     failed = frame["error"].notna().sum() if "error" in frame else 0
     console.print(f"{len(frame)} points in {path} ({failed} failed)")
     ok = frame[frame["error"].isna()] if "error" in frame else frame
@@ -140,14 +141,28 @@ def render_sweep(frame: pd.DataFrame, path: Path, console: Console, top: int = 1
         console.print(f"diverged: {int(ok['label'].sum())} of {len(ok)} probes ({ok['label'].mean():.0%})")
     if "risk" not in ok or ok.empty:
         return
-    axes = [c for c in ok.columns if c.startswith("config.") and ok[c].nunique(dropna=False) > 1]
+    axes = sweep_axes(ok)
     columns = ["risk", *axes, *(["label"] if "label" in ok else [])]
     table = Table(title=f"riskiest {min(top, len(ok))} points", title_justify="left")
     for col in columns:
         table.add_column(col.removeprefix("config."), justify="right")
     for _, row in ok.nlargest(top, "risk").iterrows():
-        table.add_row(*(fmt(row[c]) if isinstance(row[c], float) else str(row[c]) for c in columns))
+        table.add_row(*(_cell(row[c]) for c in columns))
     console.print(table)
+
+    arch = [c for c in axes if c.startswith("config.model.")]
+    if "lr_edge" in ok and ok["lr_edge"].notna().any():
+        edges = ok.groupby(arch, dropna=False)["lr_edge"].median().reset_index() if arch else ok[["lr_edge"]].median()
+        table = Table(title="predicted stability edge (median lr over seeds)", title_justify="left")
+        for col in [*arch, "lr_edge"]:
+            table.add_column(col.removeprefix("config."), justify="right")
+        for _, row in edges.iterrows() if arch else [(0, edges)]:
+            table.add_row(*(_cell(row[c]) for c in [*arch, "lr_edge"]))
+        console.print(table)
+
+
+def _cell(value: object) -> str:
+    return fmt(value) if isinstance(value, float) else str(value)
 
 
 def write_atomic(path: Path, text: str) -> None:

@@ -154,7 +154,7 @@ def screen_row(
     row.update(flatten(spec.resolved(), "config"))
     row.update({f"feature.{k}": v for k, v in (features or {}).items()})
     if risk is not None:
-        row.update(risk=risk.risk, verdict=risk.verdict)
+        row.update(risk=risk.risk, verdict=risk.verdict, lr_edge=risk.lr_edge)
     return row
 
 

@@ -119,3 +119,34 @@ def test_bad_paths_and_flags_exit_2(tmp_path):
 
 def test_version():
     assert rksp("--version").stdout.startswith("rksp ")
+
+
+def test_probe_prints_the_label_as_json(write_yaml):
+    path = write_yaml("model: {norm: none, n_layers: 2}\ntraining: {lr: 0.3}\nprobe: {tokens: 256}\n")
+    result = rksp("probe", path, "--steps", "30", "--json")
+    assert result.exit_code == 0, result.stderr
+    row = json.loads(result.stdout)
+    assert row["label"] == 1 and row["config.training.steps"] == 30 and row["steps_run"] < 30
+
+
+def test_sweep_then_calibrate_then_screen_with_that_calibration(tmp_path):
+    from tests.test_calibrate import synthetic_runs
+
+    runs = tmp_path / "runs.parquet"
+    synthetic_runs(n_configs=60).to_parquet(runs)
+    cal = tmp_path / "family.json"
+    result = rksp("calibrate", runs, "--out", cal, "--bootstrap", "50")
+    assert result.exit_code == 0, result.stderr
+    assert cal.is_file() and "AUROC" in cal.with_suffix(".md").read_text()
+
+    (tmp_path / "base.yaml").write_text("model: {n_layers: 2, d_model: 32}\nprobe: {tokens: 256}\n")
+    grid = tmp_path / "grid.yaml"
+    grid.write_text("base: base.yaml\naxes:\n  training.lr: [0.0001, 0.01, 0.5]\n  model.norm: [pre, none]\n")
+    out = tmp_path / "sweep.parquet"
+    result = rksp("sweep", grid, "--out", out)
+    assert result.exit_code == 0, result.stderr
+    assert "riskiest" in result.stdout and (tmp_path / "sweep-heatmap.png").stat().st_size > 1000
+
+    screen = json.loads(rksp("screen", SCREENS[0], *SMALL, "--calibration", cal, "--json").stdout)
+    assert screen["risk_model"]["calibrated"] is True
+    assert "lr_edge" in screen and "risk 0.2" in screen["reason"]
