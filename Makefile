@@ -11,7 +11,7 @@ TORCH  := torch==2.13.0
 STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 SCREEN ?= screens/gpt-small-noln.yaml
 
-.PHONY: install screen test lint format clean bench-norms calibration
+.PHONY: install screen test lint format clean bench-norms bench-sweep calibration
 
 install: $(STAMP)
 
@@ -39,6 +39,9 @@ clean:
 
 bench-norms: install
 	$(BIN)/python benchmarks/norm_table.py
+
+bench-sweep: install
+	$(BIN)/python benchmarks/sweep_throughput.py
 
 # The shipped calibration: ~800 labelled probe runs (about 40 minutes on 2 cores), then the fit and
 # its held-out report. Rerunning resumes from calibration/runs.parquet.journal.
