@@ -11,7 +11,9 @@ the batch.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -25,13 +27,20 @@ def sample_positions(n_positions: int, n_tokens: int, generator: torch.Generator
     return torch.randperm(n_positions, generator=generator)[:n_tokens]
 
 
+@dataclass
+class Capture:
+    states: list[torch.Tensor]  # h_0 .. h_L at the sampled positions, each (N, d) float64
+    result: Any  # what ``forward`` returned
+    block_seconds: list[float]  # wall time of each block's forward
+
+
 def capture_residual_stream(
-    blocks: Sequence[nn.Module],
-    forward: Callable[[], Any],
-    positions: torch.Tensor,
-) -> tuple[list[torch.Tensor], Any]:
-    """Run ``forward`` once, no grad; return ([h_0, ..., h_L] each (N, d) float64, forward's result)."""
+    blocks: Sequence[nn.Module], forward: Callable[[], Any], positions: torch.Tensor
+) -> Capture:
+    """Run ``forward`` once, no grad, reading the residual stream at ``positions``."""
     states: list[torch.Tensor | None] = [None] * (len(blocks) + 1)
+    started = [0.0] * len(blocks)
+    seconds = [0.0] * len(blocks)
 
     def take(h: Any, where: str) -> torch.Tensor:
         if isinstance(h, (tuple, list)):
@@ -43,13 +52,21 @@ def capture_residual_stream(
     def before_first(module: nn.Module, args: tuple, kwargs: dict) -> None:
         states[0] = take(args[0] if args else kwargs["hidden_states"], "input of block 0")
 
+    def before(index: int) -> Callable[..., None]:
+        def hook(module: nn.Module, args: tuple) -> None:
+            started[index] = time.perf_counter()
+
+        return hook
+
     def after(index: int) -> Callable[..., None]:
         def hook(module: nn.Module, args: tuple, output: Any) -> None:
+            seconds[index] = time.perf_counter() - started[index]
             states[index + 1] = take(output, f"output of block {index}")
 
         return hook
 
     handles = [blocks[0].register_forward_pre_hook(before_first, with_kwargs=True)]
+    handles += [block.register_forward_pre_hook(before(i)) for i, block in enumerate(blocks)]
     handles += [block.register_forward_hook(after(i)) for i, block in enumerate(blocks)]
     try:
         with torch.no_grad():
@@ -60,4 +77,4 @@ def capture_residual_stream(
     missing = [i for i, s in enumerate(states) if s is None]
     if missing:
         raise RuntimeError(f"the forward pass never reached residual states {missing}")
-    return states, result  # type: ignore[return-value]
+    return Capture(states, result, seconds)  # type: ignore[arg-type]

@@ -70,6 +70,11 @@ def screen(
     calibration: Annotated[
         str | None, typer.Option("--calibration", help="Calibration file, or 'none' for the paper's rule.")
     ] = None,
+    stream: Annotated[
+        bool | None,
+        typer.Option("--stream/--no-stream", help="Materialise one block at a time (default: above 2 GiB of weights)."),
+    ] = None,
+    profile: Annotated[bool, typer.Option("--profile", help="Print where the time went, per layer.")] = False,
 ) -> None:
     """Profile the residual stream at init and score the risk that training diverges."""
     from rksp_cli import render
@@ -85,7 +90,7 @@ def screen(
         if fail_above is not None and spec.training.lr is None and not isinstance(risk_model, RuleBasedRisk):
             raise InputError("training.lr: --fail-above needs the learning rate the run will use")
         with _layer_progress() as on_layer:
-            result = run_screen(spec, risk_model=risk_model, allow_pickle=allow_pickle, on_layer=on_layer)
+            result = run_screen(spec, risk_model, allow_pickle, on_layer, stream)
     except (InputError, UnassessableError) as exc:
         _fail(exc)
 
@@ -95,6 +100,8 @@ def screen(
         typer.echo(render.to_csv(result), nl=False)
     else:
         render.render(result, out)
+    if profile:
+        render.render_profile(result, err if json_ or csv else out)
     if fail_above is not None and result.risk.risk > fail_above:
         if not json_ and not csv:
             err.print(f"[red]gate: risk {result.risk.risk:.2f} is above --fail-above {fail_above}[/red]")

@@ -108,6 +108,23 @@ def render(result: ScreenResult, console: Console) -> None:
     console.print(Panel(Group(*lines), border_style=VERDICT_STYLE[risk.verdict].split()[-1], expand=False))
 
 
+def render_profile(result: ScreenResult, console: Console) -> None:
+    """Where the time went: build, forward and DMD in all, and per layer."""
+    t = result.timings
+    layers = t.get("layers", [])
+    streamed = any("materialize" in row for row in layers)
+    table = Table(title=f"profile: build {t['build']:.2f} s, forward {t['forward']:.2f} s, DMD {t['dmd']:.2f} s")
+    table.add_column("layer", justify="right")
+    if streamed:
+        table.add_column("init/load s", justify="right")
+    table.add_column("forward s", justify="right")
+    table.add_column("DMD s", justify="right")
+    for i, row in enumerate(layers):
+        cells = [f"{row['materialize']:.3f}"] if streamed else []
+        table.add_row(str(i), *cells, f"{row['forward']:.3f}", f"{row['dmd']:.3f}")
+    console.print(table)
+
+
 def render_probe(result: ProbeResult, console: Console) -> None:
     """The label, its reason, the trajectory's ends and the baselines beside the init screen."""
     style = "bold red" if result.diverged else "bold green"

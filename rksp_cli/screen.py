@@ -34,7 +34,7 @@ class ScreenResult:
     stream_rms: list[float]  # RMS of h_0 .. h_L over the sampled tokens
     features: dict[str, float]
     risk: RiskAssessment
-    timings: dict[str, float]
+    timings: dict[str, Any]  # seconds: build, forward, dmd, and per layer under "layers"
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -88,10 +88,14 @@ def screen(
     risk_model: RiskModel | None = None,
     allow_pickle: bool = False,
     on_layer: ProgressCallback | None = None,
+    stream: bool | None = None,
 ) -> ScreenResult:
-    """Screen one configuration. Raises ``InputError`` (exit 2) or ``UnassessableError`` (exit 3)."""
+    """Screen one configuration. Raises ``InputError`` (exit 2) or ``UnassessableError`` (exit 3).
+
+    ``stream`` materialises a transformers model one block at a time (None: when it is large).
+    """
     t = time.perf_counter()
-    subject = build_subject(spec.model, spec.probe.seed, allow_pickle)
+    subject = build_subject(spec.model, spec.probe.seed, allow_pickle, stream)
     return profile(subject, spec, risk_model, on_layer, timings={"build": time.perf_counter() - t})
 
 
@@ -108,8 +112,12 @@ def profile(
     gen = torch.Generator().manual_seed(spec.probe.seed)
     ids = screen_batch(spec.probe.input, spec.probe.tokens, subject.vocab_size, subject.seq_len, gen)
     positions = sample_positions(ids.numel(), spec.probe.tokens, gen)
-    states, init_loss = capture_residual_stream(subject.blocks, lambda: subject.forward(ids), positions)
+    capture = capture_residual_stream(subject.blocks, lambda: subject.forward(ids), positions)
+    states, init_loss = capture.states, capture.result
     timings["forward"] = time.perf_counter() - t
+    layer_timings = [{"forward": s} for s in capture.block_seconds]
+    for row, load in zip(layer_timings, subject.load_seconds or [], strict=False):
+        row["materialize"] = load
 
     t = time.perf_counter()
     settings = DMDSettings(rank=spec.probe.rank, residual_tol=spec.probe.residual_tol, seed=spec.probe.seed)
@@ -117,7 +125,9 @@ def profile(
     for layer in range(subject.n_layers):
         X, Y = _distinct_columns(states[layer].T, states[layer + 1].T)
         distinct = min(distinct, X.shape[1])
+        t_layer = time.perf_counter()
         spectra.append(layer_spectrum(X, Y, settings))
+        layer_timings[layer]["dmd"] = time.perf_counter() - t_layer
         if on_layer is not None:
             on_layer(layer + 1, subject.n_layers)
     timings["dmd"] = time.perf_counter() - t
@@ -143,6 +153,7 @@ def profile(
     init_std = spec.model.init_std if spec.model.init_std is not None else subject.summary.get("initializer_range")
     features["init_std"] = math.nan if spec.model.checkpoint is not None or init_std is None else float(init_std)
     risk = (risk_model or default_risk_model()).assess(screen_row(spec, features))
+    timings["layers"] = layer_timings
     return ScreenResult(spec, subject.summary, spectra, stream_rms, features, risk, timings, warnings)
 
 

@@ -43,10 +43,20 @@ def test_json_output_is_pure_json_with_the_contract_keys():
 
 
 def test_table_shows_the_verdict_and_says_the_fallback_is_uncalibrated():
-    result = rksp("screen", SCREENS[0], *SMALL)
+    result = rksp("screen", SCREENS[0], *SMALL, "--calibration", "none")
     assert result.exit_code == 0
     assert "risk" in result.stdout and "not calibrated" in result.stdout
     assert "M≈1" in result.stdout
+
+
+def test_the_shipped_calibration_is_the_default_and_sees_the_learning_rate(write_yaml):
+    path = write_yaml("model: {norm: none}\nprobe: {tokens: 512}\n")
+    low, high = (json.loads(rksp("screen", path, "--set", f"training.lr={lr}", "--json").stdout) for lr in (3e-4, 1.0))
+    assert low["risk_model"]["calibrated"] is True and low["lr_edge"] is not None
+    assert low["risk"] < high["risk"] and high["verdict"] == "high"
+    assert low["lr_edge"] == high["lr_edge"]  # the edge belongs to the model, not to the lr asked about
+    no_lr = rksp("screen", path, "--fail-above", "0.5")
+    assert_input_error(no_lr, "training.lr")
 
 
 def test_csv_has_one_row_per_block(write_yaml):
@@ -57,10 +67,11 @@ def test_csv_has_one_row_per_block(write_yaml):
 
 
 def test_fail_above_gates_the_exit_code(write_yaml):
-    noln = write_yaml("model: {norm: none}\nprobe: {tokens: 512}\n")
-    assert rksp("screen", noln, "--fail-above", "0.5").exit_code == 1
-    assert rksp("screen", noln, "--fail-above", "0.95").exit_code == 0
-    assert rksp("screen", noln, "--fail-above", "0.5", "--json").exit_code == 1
+    noln = write_yaml("model: {norm: none}\ntraining: {lr: 0.01}\nprobe: {tokens: 512}\n")
+    rule = ("--calibration", "none")  # the rule's risk for this model is 0.9 whatever the lr
+    assert rksp("screen", noln, *rule, "--fail-above", "0.5").exit_code == 1
+    assert rksp("screen", noln, *rule, "--fail-above", "0.95").exit_code == 0
+    assert rksp("screen", noln, *rule, "--fail-above", "0.5", "--json").exit_code == 1
 
 
 def test_identity_blocks_exit_3_with_the_reason(write_yaml):

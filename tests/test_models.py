@@ -42,7 +42,7 @@ def test_capture_reads_embeddings_and_block_outputs_before_the_final_norm():
     model = GPT(GPTConfig(norm="pre", n_layers=3)).eval()
     ids = torch.randint(0, 103, (4, 32))
     positions = sample_positions(ids.numel(), 100, torch.Generator().manual_seed(0))
-    states, _ = capture_residual_stream(model.blocks, lambda: model(ids), positions)
+    states = capture_residual_stream(model.blocks, lambda: model(ids), positions).states
     assert len(states) == 4 and states[0].shape == (100, 64) and states[0].dtype == torch.float64
     with torch.no_grad():
         h = model.embed(ids)
@@ -62,7 +62,8 @@ def test_capture_on_transformers_skips_the_final_norm_that_hidden_states_applies
     model = AutoModel.from_config(hf_config("gpt2")).eval()
     ids = torch.randint(0, 96, (2, 16))
     positions = torch.arange(32)
-    states, out = capture_residual_stream(model.h, lambda: model(input_ids=ids, output_hidden_states=True), positions)
+    capture = capture_residual_stream(model.h, lambda: model(input_ids=ids, output_hidden_states=True), positions)
+    states, out = capture.states, capture.result
     hidden = [h.reshape(-1, 32).double() for h in out.hidden_states]
     for i in range(len(hidden) - 1):
         assert torch.allclose(states[i], hidden[i], atol=1e-6)

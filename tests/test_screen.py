@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from rksp_cli.errors import InputError, UnassessableError
+from rksp_cli.risk import RuleBasedRisk
 from rksp_cli.screen import screen
 from rksp_cli.spec import spec_from_dict
 from tests.conftest import HF_CONFIGS, hf_config
@@ -38,13 +39,14 @@ def test_identity_blocks_cannot_be_assessed():
 
 def test_large_init_is_not_read_as_safe():
     """Method reference 2.1, weakness 5: a large init scale lowers M~1 while the run explodes."""
-    result = _screen({"norm": "none", "init_std": 0.5}, {"tokens": 1024})
-    assert result.features["near_unit_mass_mean"] < 0.3  # the paper's score would say "safe"
-    assert result.risk.verdict == "high"
+    for risk_model in (RuleBasedRisk(), None):  # the rule and the shipped calibration alike
+        result = _screen({"norm": "none", "init_std": 0.5}, {"tokens": 1024}, risk_model=risk_model)
+        assert result.features["near_unit_mass_mean"] < 0.3  # the paper's score would say "safe"
+        assert result.risk.verdict == "high"
 
 
 def test_result_reports_features_layers_and_the_uncalibrated_fallback():
-    result = _screen({"norm": "pre", "n_layers": 3})
+    result = _screen({"norm": "pre", "n_layers": 3}, risk_model=RuleBasedRisk())
     d = result.to_dict()
     assert len(d["layers"]) == 3 and d["features"]["n_layers"] == 3
     assert 0.0 <= d["risk"] <= 1.0 and d["verdict"] in ("low", "elevated", "high")
@@ -117,3 +119,59 @@ def test_pickle_checkpoints_need_explicit_permission(tmp_path):
     with pytest.raises(InputError, match="--allow-pickle"):
         _screen({"checkpoint": str(tmp_path / "weights.bin")})
     assert _screen({"checkpoint": str(tmp_path / "weights.bin")}, allow_pickle=True).features["n_layers"] == 2
+
+
+@pytest.mark.parametrize("name", sorted(HF_CONFIGS))
+def test_streaming_gives_the_same_features_and_frees_every_block(name, hf_config_file):
+    spec = spec_from_dict({"model": {"hf_config": str(hf_config_file(name))}, "probe": {"tokens": 256}})
+    whole = screen(spec, stream=False)
+    streamed = screen(spec, stream=True)
+    assert streamed.model["streamed"] and not whole.model["streamed"]
+    assert streamed.features == pytest.approx(whole.features, nan_ok=True)
+    assert all(row["materialize"] >= 0 for row in streamed.timings["layers"])
+
+
+def test_streamed_blocks_return_to_the_meta_device(hf_config_file):
+    from rksp_cli.capture import capture_residual_stream
+    from rksp_cli.models import build_subject
+
+    spec = spec_from_dict({"model": {"hf_config": str(hf_config_file("llama"))}})
+    subject = build_subject(spec.model, seed=0, stream=True)
+    assert all(p.is_meta for block in subject.blocks for p in block.parameters())
+    ids = torch.randint(0, 96, (2, 16))
+    capture_residual_stream(subject.blocks, lambda: subject.forward(ids), torch.arange(8))
+    assert all(p.is_meta for block in subject.blocks for p in block.parameters())
+    assert not any(p.is_meta for p in subject.module.embed_tokens.parameters())
+
+
+def test_random_init_follows_the_config_initializer(hf_config_file):
+    from rksp_cli.models import build_subject
+
+    spec = spec_from_dict({"model": {"hf_config": str(hf_config_file("llama")), "init_std": 0.1}})
+    subject = build_subject(spec.model, seed=0, stream=False)
+    weight = subject.blocks[0].mlp.up_proj.weight
+    assert weight.std().item() == pytest.approx(0.1, rel=0.1)
+    assert subject.blocks[0].input_layernorm.weight.eq(1).all()
+
+
+def test_streamed_checkpoint_matches_the_whole_checkpoint(tmp_path):
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(0)
+    LlamaForCausalLM(hf_config("llama")).save_pretrained(tmp_path / "ckpt", max_shard_size="40KB")
+    spec = spec_from_dict({"model": {"checkpoint": str(tmp_path / "ckpt")}, "probe": {"tokens": 256}})
+    assert screen(spec, stream=True).features == pytest.approx(screen(spec, stream=False).features, nan_ok=True)
+
+
+def test_a_model_without_findable_blocks_names_what_was_tried():
+    from torch import nn
+
+    from rksp_cli.models.hf import find_blocks
+
+    class Odd(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stages = nn.ModuleList([nn.Linear(2, 2) for _ in range(3)])
+
+    with pytest.raises(InputError, match=r"num_hidden_layers=4.*stages \(3\)"):
+        find_blocks(Odd(), 4)

@@ -29,22 +29,27 @@ class Subject:
     # Runs one forward pass on token ids; returns the mean next-token loss where the model has an
     # LM head (the built-in GPT), else None.
     forward: Callable[[torch.Tensor], torch.Tensor | None] = lambda ids: None
+    # Streaming only: seconds spent materialising each block (filled during the forward pass).
+    load_seconds: list[float] | None = None
 
     @property
     def n_layers(self) -> int:
         return len(self.blocks)
 
 
-def build_subject(model_spec: Any, seed: int, allow_pickle: bool = False) -> Subject:
-    """Build (and initialise or load) the model a ``ModelSpec`` describes, deterministically."""
+def build_subject(model_spec: Any, seed: int, allow_pickle: bool = False, stream: bool | None = None) -> Subject:
+    """Build (and initialise or load) the model a ``ModelSpec`` describes, deterministically.
+
+    ``stream`` (transformers models only): materialise one block at a time; None decides by size.
+    """
     torch.manual_seed(seed)
     if model_spec.arch == "gpt":
         return _gpt_subject(GPT(model_spec.gpt_config()))
     from rksp_cli.models import hf  # transformers is slow to import; only pay for it when used
 
     if model_spec.checkpoint is not None:
-        return hf.load_checkpoint(model_spec.checkpoint, model_spec.hf_config, model_spec.seq_len, allow_pickle)
-    return hf.from_config(model_spec.hf_config, model_spec.seq_len, model_spec.init_std)
+        return hf.load_checkpoint(model_spec.checkpoint, model_spec.hf_config, model_spec.seq_len, allow_pickle, stream)
+    return hf.from_config(model_spec.hf_config, model_spec.seq_len, model_spec.init_std, seed, stream)
 
 
 def _gpt_subject(model: GPT) -> Subject:

@@ -15,12 +15,21 @@ from transformers import AutoConfig, AutoModel, PretrainedConfig
 
 from rksp_cli.errors import InputError
 from rksp_cli.models import Subject
+from rksp_cli.models.streaming import (
+    BlockStreamer,
+    CheckpointWeights,
+    RandomInit,
+    WeightSource,
+    checkpoint_files,
+    non_block_parts,
+)
 
 # keep the terminal free of library chatter and loading bars (stdout may hold --json)
 transformers.logging.set_verbosity_error()
 transformers.logging.disable_progress_bar()
 
 DEFAULT_SEQ_LEN = 64
+STREAM_ABOVE_BYTES = 2 * 2**30  # stream block by block when the fp32 weights exceed 2 GiB (design choice)
 
 
 def read_config(path: Path) -> PretrainedConfig:
@@ -43,84 +52,44 @@ def read_config(path: Path) -> PretrainedConfig:
         raise InputError(f"{path}: {first}") from None
 
 
-def from_config(path: Path, seq_len: int | None, init_std: float | None) -> Subject:
-    """Random init from the config's own initializer (seeded by the caller)."""
+def from_config(path: Path, seq_len: int | None, init_std: float | None, seed: int, stream: bool | None) -> Subject:
+    """Random init from the config's own initializer, seeded per part (see ``streaming``)."""
     config = read_config(path)
     if init_std is not None:
         if not hasattr(config, "initializer_range"):
             raise InputError(f"model.init_std: {config.model_type} configs have no initializer_range to set")
         config.initializer_range = init_std
+    model = _meta_model(config, path)
+    return _subject(model, config, RandomInit(model, seed), seq_len, stream, source=f"random init from {path}")
+
+
+def load_checkpoint(
+    path: Path, hf_config: Path | None, seq_len: int | None, allow_pickle: bool, stream: bool | None
+) -> Subject:
+    """Trained weights, read per block: a Hugging Face directory (sharded or not) or a bare file."""
+    if path.is_dir():
+        config = read_config(hf_config or path / "config.json")
+        files = checkpoint_files(path)
+    else:
+        config_path = hf_config or path.parent / "config.json"
+        if not config_path.is_file():
+            raise InputError(f"{path}: bare weights need a config.json beside them or model.hf_config")
+        config = read_config(config_path)
+        files = [path]
+    model = _meta_model(config, path)
+    weights = CheckpointWeights(model, files, allow_pickle)
+    return _subject(model, config, weights, seq_len, stream, source=f"checkpoint {path}")
+
+
+def _meta_model(config: PretrainedConfig, path: Path) -> nn.Module:
     try:
-        model = AutoModel.from_config(config)
+        with torch.device("meta"):
+            return AutoModel.from_config(config)
     except Exception as exc:  # transformers raises many types for configs it cannot build
         raise InputError(f"{path}: transformers cannot build a model from it: {_first_line(exc)}") from None
-    return _subject(model, config, seq_len, source=f"random init from {path}")
 
 
-def load_checkpoint(path: Path, hf_config: Path | None, seq_len: int | None, allow_pickle: bool) -> Subject:
-    """Trained weights: a Hugging Face directory, or a bare weights file with a config beside it."""
-    if path.is_dir():
-        config = read_config(path / "config.json")
-        has_safetensors = any(path.glob("*.safetensors"))
-        if not has_safetensors and any(path.glob("*.bin")) and not allow_pickle:
-            raise InputError(_pickle_refusal(path))
-        try:
-            model = AutoModel.from_pretrained(
-                path, config=config, local_files_only=True, use_safetensors=has_safetensors
-            )
-        except Exception as exc:
-            raise InputError(f"{path}: cannot load checkpoint: {_first_line(exc)}") from None
-        return _subject(model, config, seq_len, source=f"checkpoint {path}")
-
-    config_path = hf_config or path.parent / "config.json"
-    if not config_path.is_file():
-        raise InputError(f"{path}: bare weights need a config.json beside them or model.hf_config")
-    config = read_config(config_path)
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        try:
-            state = load_file(path)
-        except Exception as exc:
-            raise InputError(f"{path}: not a readable safetensors file: {_first_line(exc)}") from None
-    elif not allow_pickle:
-        raise InputError(_pickle_refusal(path))
-    else:
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as exc:
-            raise InputError(f"{path}: cannot load with weights_only=True: {_first_line(exc)}") from None
-    model = AutoModel.from_config(config)
-    _load_state(model, state, path)
-    return _subject(model, config, seq_len, source=f"checkpoint {path}")
-
-
-def _load_state(model: nn.Module, state: dict[str, torch.Tensor], path: Path) -> None:
-    """Load a full-model or base-model state dict into the base model, strictly for the blocks."""
-    prefix = f"{model.base_model_prefix}." if getattr(model, "base_model_prefix", "") else ""
-    own = model.state_dict()
-    mapped = {}
-    for key, value in state.items():
-        key = key[len(prefix) :] if prefix and key.startswith(prefix) else key
-        if key in own:
-            mapped[key] = value
-    missing = [k for k in own if k not in mapped]
-    if missing:
-        raise InputError(f"{path}: {len(missing)} weights of the model are missing, e.g. {missing[0]}")
-    try:
-        model.load_state_dict(mapped, strict=True)
-    except RuntimeError as exc:
-        raise InputError(f"{path}: weights do not fit the config: {_first_line(exc)}") from None
-
-
-def _pickle_refusal(path: Path) -> str:
-    return (
-        f"{path}: pickle checkpoints can run code when loaded; convert to safetensors, "
-        "or pass --allow-pickle to load it with weights_only=True"
-    )
-
-
-def find_blocks(model: nn.Module, n_layers: int) -> tuple[str, list[nn.Module]]:
+def find_blocks(model: nn.Module, n_layers: int) -> tuple[str, nn.ModuleList]:
     """The ModuleList of ``n_layers`` residual blocks: the largest such list in the model."""
     candidates = [
         (name, mod) for name, mod in model.named_modules() if isinstance(mod, nn.ModuleList) and len(mod) == n_layers
@@ -133,11 +102,17 @@ def find_blocks(model: nn.Module, n_layers: int) -> tuple[str, list[nn.Module]]:
             f"cannot find the residual blocks of {type(model).__name__}: looked for a ModuleList of "
             f"num_hidden_layers={n_layers} modules; module lists present: {seen or 'none'}"
         )
-    name, blocks = max(candidates, key=lambda c: sum(p.numel() for p in c[1].parameters()))
-    return name, list(blocks)
+    return max(candidates, key=lambda c: sum(p.numel() for p in c[1].parameters()))
 
 
-def _subject(model: nn.Module, config: PretrainedConfig, seq_len: int | None, source: str) -> Subject:
+def _subject(
+    model: nn.Module,
+    config: PretrainedConfig,
+    weights: WeightSource,
+    seq_len: int | None,
+    stream: bool | None,
+    source: str,
+) -> Subject:
     model.eval()
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     n_layers = getattr(text, "num_hidden_layers", None)
@@ -145,16 +120,32 @@ def _subject(model: nn.Module, config: PretrainedConfig, seq_len: int | None, so
     vocab = getattr(text, "vocab_size", None)
     if not n_layers or not d_model or not vocab:
         raise InputError(f"{source}: the config lacks num_hidden_layers, hidden_size or vocab_size")
-    name, blocks = find_blocks(model, n_layers)
+    name, container = find_blocks(model, n_layers)
     max_pos = getattr(text, "max_position_embeddings", None) or getattr(text, "n_positions", None)
     if seq_len is None:
         seq_len = min(DEFAULT_SEQ_LEN, max_pos) if max_pos else DEFAULT_SEQ_LEN
     elif max_pos and seq_len > max_pos:
         raise InputError(f"model.seq_len: {seq_len} exceeds the model's {max_pos} positions")
 
+    n_params = sum(p.numel() for p in model.parameters())
+    block_params = sum(p.numel() for p in container.parameters())
+    if stream is None:
+        stream = 4 * n_params > STREAM_ABOVE_BYTES
+    for part_name, part, recurse in non_block_parts(model, container):
+        weights.materialize(part_name, part, recurse)
+    blocks = list(container)
+    streamer = None
+    if stream:
+        streamer = BlockStreamer(weights, name, blocks)
+    else:
+        for i, block in enumerate(blocks):
+            weights.materialize(f"{name}.{i}", block)
+
     def forward(ids: torch.Tensor) -> None:
         try:
             model(input_ids=ids)
+        except InputError:
+            raise
         except Exception as exc:
             raise InputError(f"{type(model).__name__} forward pass failed: {_first_line(exc)}") from None
 
@@ -169,10 +160,13 @@ def _subject(model: nn.Module, config: PretrainedConfig, seq_len: int | None, so
             "architecture": type(model).__name__,
             "model_type": config.model_type,
             "blocks": name,
-            "parameters": sum(p.numel() for p in model.parameters()),
+            "parameters": n_params,
+            "parameters_per_block": block_params // len(blocks),
             "initializer_range": getattr(text, "initializer_range", None),
+            "streamed": stream,
         },
         forward=forward,
+        load_seconds=streamer.seconds if streamer else None,
     )
 
 
