@@ -5,8 +5,8 @@ Hooks, not ``output_hidden_states``: transformers applies the final norm to the 
 h_0 is the input of the first block (a forward pre-hook), so it is exactly what the blocks see:
 embeddings after any scaling or embedding norm the architecture applies.
 
-Only the sampled token states are kept (as float64 on the CPU), so memory is O(L N d), whatever
-the batch.
+Only the sampled token states are read (as float64 on the CPU); with a consumer callback only
+one or two of them are alive at a time.
 """
 
 from __future__ import annotations
@@ -29,18 +29,28 @@ def sample_positions(n_positions: int, n_tokens: int, generator: torch.Generator
 
 @dataclass
 class Capture:
-    states: list[torch.Tensor]  # h_0 .. h_L at the sampled positions, each (N, d) float64
+    states: list[torch.Tensor]  # h_0 .. h_L at the sampled positions, each (N, d) float64 (empty with on_state)
     result: Any  # what ``forward`` returned
     block_seconds: list[float]  # wall time of each block's forward
 
 
 def capture_residual_stream(
-    blocks: Sequence[nn.Module], forward: Callable[[], Any], positions: torch.Tensor
+    blocks: Sequence[nn.Module],
+    forward: Callable[[], Any],
+    positions: torch.Tensor,
+    on_state: Callable[[int, torch.Tensor], None] | None = None,
 ) -> Capture:
-    """Run ``forward`` once, no grad, reading the residual stream at ``positions``."""
-    states: list[torch.Tensor | None] = [None] * (len(blocks) + 1)
+    """Run ``forward`` once, no grad, reading the residual stream at ``positions``.
+
+    With ``on_state(index, h)``, each state is handed over as soon as it exists and not kept, so a
+    consumer that needs only h_l and h_{l+1} at a time holds O(N d) memory instead of O(L N d).
+    An exception raised by ``on_state`` propagates as itself, not as a failure of the model.
+    """
+    kept: list[torch.Tensor | None] = [None] * (len(blocks) + 1)
+    seen = [False] * (len(blocks) + 1)
     started = [0.0] * len(blocks)
     seconds = [0.0] * len(blocks)
+    failures: list[BaseException] = []
 
     def take(h: Any, where: str) -> torch.Tensor:
         if isinstance(h, (tuple, list)):
@@ -49,8 +59,19 @@ def capture_residual_stream(
             raise RuntimeError(f"{where}: expected a (batch, positions, d) hidden-state tensor, got {type(h).__name__}")
         return h.detach().reshape(-1, h.shape[-1])[positions.to(h.device)].to("cpu", torch.float64)
 
+    def deliver(index: int, state: torch.Tensor) -> None:
+        seen[index] = True
+        if on_state is None:
+            kept[index] = state
+            return
+        try:
+            on_state(index, state)
+        except BaseException as exc:
+            failures.append(exc)
+            raise
+
     def before_first(module: nn.Module, args: tuple, kwargs: dict) -> None:
-        states[0] = take(args[0] if args else kwargs["hidden_states"], "input of block 0")
+        deliver(0, take(args[0] if args else kwargs["hidden_states"], "input of block 0"))
 
     def before(index: int) -> Callable[..., None]:
         def hook(module: nn.Module, args: tuple) -> None:
@@ -61,7 +82,7 @@ def capture_residual_stream(
     def after(index: int) -> Callable[..., None]:
         def hook(module: nn.Module, args: tuple, output: Any) -> None:
             seconds[index] = time.perf_counter() - started[index]
-            states[index + 1] = take(output, f"output of block {index}")
+            deliver(index + 1, take(output, f"output of block {index}"))
 
         return hook
 
@@ -71,10 +92,14 @@ def capture_residual_stream(
     try:
         with torch.no_grad():
             result = forward()
+    except BaseException:
+        if failures:  # the consumer failed, not the model: surface its own error
+            raise failures[0] from None
+        raise
     finally:
         for handle in handles:
             handle.remove()
-    missing = [i for i, s in enumerate(states) if s is None]
+    missing = [i for i, s in enumerate(seen) if not s]
     if missing:
         raise RuntimeError(f"the forward pass never reached residual states {missing}")
-    return Capture(states, result, seconds)  # type: ignore[arg-type]
+    return Capture([s for s in kept if s is not None], result, seconds)

@@ -112,27 +112,35 @@ def profile(
     gen = torch.Generator().manual_seed(spec.probe.seed)
     ids = screen_batch(spec.probe.input, spec.probe.tokens, subject.vocab_size, subject.seq_len, gen)
     positions = sample_positions(ids.numel(), spec.probe.tokens, gen)
-    capture = capture_residual_stream(subject.blocks, lambda: subject.forward(ids), positions)
-    states, init_loss = capture.states, capture.result
-    timings["forward"] = time.perf_counter() - t
-    layer_timings = [{"forward": s} for s in capture.block_seconds]
+    settings = DMDSettings(rank=spec.probe.rank, residual_tol=spec.probe.residual_tol, seed=spec.probe.seed)
+    spectra: list[LayerSpectrum] = []
+    stream_rms: list[float] = []
+    dmd_seconds: list[float] = []
+    distinct = spec.probe.tokens
+    previous: list[torch.Tensor] = []
+
+    def consume(index: int, state: torch.Tensor) -> None:
+        """Profile transition index-1 -> index as soon as h_index exists; keep only h_index."""
+        nonlocal distinct
+        stream_rms.append(float(state.square().mean().sqrt()))
+        if previous:
+            X, Y = _distinct_columns(previous.pop().T, state.T)
+            distinct = min(distinct, X.shape[1])
+            t_layer = time.perf_counter()
+            spectra.append(layer_spectrum(X, Y, settings))
+            dmd_seconds.append(time.perf_counter() - t_layer)
+            if on_layer is not None:
+                on_layer(index, subject.n_layers)
+        previous.append(state)
+
+    capture = capture_residual_stream(subject.blocks, lambda: subject.forward(ids), positions, on_state=consume)
+    init_loss = capture.result
+    timings["dmd"] = sum(dmd_seconds)
+    timings["forward"] = time.perf_counter() - t - timings["dmd"]
+    layer_timings = [{"forward": f, "dmd": d} for f, d in zip(capture.block_seconds, dmd_seconds, strict=True)]
     for row, load in zip(layer_timings, subject.load_seconds or [], strict=False):
         row["materialize"] = load
 
-    t = time.perf_counter()
-    settings = DMDSettings(rank=spec.probe.rank, residual_tol=spec.probe.residual_tol, seed=spec.probe.seed)
-    spectra, distinct = [], spec.probe.tokens
-    for layer in range(subject.n_layers):
-        X, Y = _distinct_columns(states[layer].T, states[layer + 1].T)
-        distinct = min(distinct, X.shape[1])
-        t_layer = time.perf_counter()
-        spectra.append(layer_spectrum(X, Y, settings))
-        layer_timings[layer]["dmd"] = time.perf_counter() - t_layer
-        if on_layer is not None:
-            on_layer(layer + 1, subject.n_layers)
-    timings["dmd"] = time.perf_counter() - t
-
-    stream_rms = [float(h.square().mean().sqrt()) for h in states]
     warnings = _warnings(spectra, subject.d_model, spec.probe.tokens, distinct, spec.probe.rank)
     n_degenerate = sum(s.degenerate for s in spectra)
     if n_degenerate == len(spectra):
