@@ -11,7 +11,7 @@ TORCH  := torch==2.13.0
 STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 SCREEN ?= screens/gpt-small-noln.yaml
 
-.PHONY: install screen test lint format clean bench-norms bench-sweep calibration
+.PHONY: install screen test lint format clean bench-norms bench-sweep bench-dmd bench-scale calibration
 
 install: $(STAMP)
 
@@ -42,6 +42,13 @@ bench-norms: install
 
 bench-sweep: install
 	$(BIN)/python benchmarks/sweep_throughput.py
+
+bench-dmd: install
+	$(BIN)/python -m pip install --quiet pydmd
+	$(BIN)/python benchmarks/dmd_speed.py
+
+bench-scale: install
+	$(BIN)/python benchmarks/scale.py
 
 # The shipped calibration: ~800 labelled probe runs (about 40 minutes on 2 cores), then the fit and
 # its held-out report. Rerunning resumes from calibration/runs.parquet.journal.

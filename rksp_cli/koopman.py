@@ -115,7 +115,7 @@ def layer_spectrum(X: torch.Tensor, Y: torch.Tensor, settings: DMDSettings = DMD
             Yw @ (Vh[:r].T / S[:r]) @ U[:, :r].T
         )  # Y~ X~^+ cut at rank(X_c): pinv's own cut keeps round-off the whitening amplified
         return _analyse(A, Xw, Yw, settings, "full whitened DMD (d x d)")
-    Xw, Yw, Vh, sx = _whiten_in_data_subspace(X, Y, settings.eps)
+    Xw, Yw, Vh, sx = whiten(X, Y, settings.eps)
     if Xw.shape[0] == 0:
         return _no_variance(X.shape[0])
     if settings.rank == "auto":
@@ -137,7 +137,7 @@ def _whiten_full(X: torch.Tensor, Y: torch.Tensor, eps: float) -> tuple[torch.Te
     return W @ Xc, W @ Yc
 
 
-def _whiten_in_data_subspace(
+def whiten(
     X: torch.Tensor, Y: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Whitened snapshots in the orthonormal basis U of X's centred column space.

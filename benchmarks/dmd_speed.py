@@ -1,0 +1,66 @@
+"""Per-layer DMD time at d = 768, N = 2048 (GPT-2 small's width), against PyDMD on the same matrices.
+
+Snapshots are block-like (Y = X + tanh(B X)) in float64. rksp's `layer_spectrum` does the whole
+profile: whitening, DMD, eigenvectors, kappa(V), ResDMD residuals, eta_nl and masses. PyDMD's
+`DMD(svd_rank=-1)` on the same whitened snapshots computes eigenvalues and modes only. Medians of
+5 runs per thread count; the eigenvalues of both are compared. Run: make bench-dmd
+(PyDMD is a benchmark-only dependency: pip install pydmd).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from rksp_cli.koopman import DMDSettings, whiten, layer_spectrum
+
+D, N, REPEATS = 768, 2048, 5
+
+
+def snapshots() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(D, N, generator=g, dtype=torch.float64)
+    B = torch.randn(D, D, generator=g, dtype=torch.float64) / D**0.5
+    return X, X + torch.tanh(B @ X)
+
+
+def median_time(fn) -> float:
+    times = []
+    for _ in range(REPEATS):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def main() -> None:
+    X, Y = snapshots()
+    Xw, Yw, _, _ = whiten(X, Y, DMDSettings().eps)
+    try:
+        from pydmd import DMD
+    except ImportError:
+        DMD = None
+    print(f"d = {D}, N = {N}, float64, median of {REPEATS}")
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        ours = median_time(lambda: layer_spectrum(X, Y))
+        line = f"  threads={threads}: rksp full profile {ours:.3f} s"
+        if DMD is not None:
+            from threadpoolctl import threadpool_limits
+
+            with threadpool_limits(threads):
+                theirs = median_time(lambda: DMD(svd_rank=-1).fit(Xw.numpy(), Yw.numpy()))
+            line += f"; PyDMD eigenvalues+modes {theirs:.3f} s; ratio rksp/PyDMD {ours / theirs:.2f}"
+        print(line)
+    if DMD is not None:
+        lam = layer_spectrum(X, Y, DMDSettings(residual_tol=None)).eigenvalues.numpy()
+        ref = DMD(svd_rank=-1).fit(Xw.numpy(), Yw.numpy()).eigs
+        dist = np.abs(lam[:, None] - ref[None, :])
+        print(f"  eigenvalues: {lam.size} vs {ref.size}; max distance to nearest {max(dist.min(0).max(), dist.min(1).max()):.2e}")
+
+
+if __name__ == "__main__":
+    main()
