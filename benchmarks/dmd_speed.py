@@ -15,7 +15,7 @@ import time
 import numpy as np
 import torch
 
-from rksp_cli.koopman import DMDSettings, whiten, layer_spectrum
+from rksp_cli.koopman import DMDSettings, layer_spectrum, whiten
 
 D, N, REPEATS = 768, 2048, 5
 
@@ -59,7 +59,8 @@ def main() -> None:
         lam = layer_spectrum(X, Y, DMDSettings(residual_tol=None)).eigenvalues.numpy()
         ref = DMD(svd_rank=-1).fit(Xw.numpy(), Yw.numpy()).eigs
         dist = np.abs(lam[:, None] - ref[None, :])
-        print(f"  eigenvalues: {lam.size} vs {ref.size}; max distance to nearest {max(dist.min(0).max(), dist.min(1).max()):.2e}")
+        gap = max(dist.min(0).max(), dist.min(1).max())
+        print(f"  eigenvalues: {lam.size} vs {ref.size}; largest distance to the nearest match {gap:.2e}")
 
 
 if __name__ == "__main__":
