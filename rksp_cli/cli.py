@@ -75,9 +75,11 @@ def screen(
         typer.Option("--stream/--no-stream", help="Materialise one block at a time (default: above 2 GiB of weights)."),
     ] = None,
     profile: Annotated[bool, typer.Option("--profile", help="Print where the time went, per layer.")] = False,
+    device: Annotated[str, typer.Option("--device", help="cpu or cuda[:N] for the forward pass and the DMD.")] = "cpu",
 ) -> None:
     """Profile the residual stream at init and score the risk that training diverges."""
     from rksp_cli import render
+    from rksp_cli.models import BuildOptions
     from rksp_cli.risk import RuleBasedRisk, default_risk_model
     from rksp_cli.screen import screen as run_screen
     from rksp_cli.spec import load_spec
@@ -86,11 +88,12 @@ def screen(
         _fail(InputError("--json and --csv are exclusive: pick one output format"))
     try:
         spec = load_spec(path, set_)
+        options = BuildOptions(allow_pickle=allow_pickle, stream=stream, device=device)
         risk_model = default_risk_model(calibration)
         if fail_above is not None and spec.training.lr is None and not isinstance(risk_model, RuleBasedRisk):
             raise InputError("training.lr: --fail-above needs the learning rate the run will use")
         with _layer_progress() as on_layer:
-            result = run_screen(spec, risk_model, allow_pickle, on_layer, stream)
+            result = run_screen(spec, risk_model, options, on_layer)
     except (InputError, UnassessableError) as exc:
         _fail(exc)
 

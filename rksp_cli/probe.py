@@ -73,7 +73,7 @@ def probe(spec: ScreenSpec, on_step: StepCallback | None = None) -> ProbeResult:
     if spec.model.arch != "gpt":
         raise InputError("rksp probe trains the built-in gpt (model.arch: gpt); transformers models are screened only")
     t0 = time.perf_counter()
-    subject = build_subject(spec.model, spec.probe.seed)
+    subject = build_subject(spec.model, spec.probe.seed)  # the CPU: probes are small by design
     try:
         screen, screen_error = profile(subject, spec), None
     except UnassessableError as exc:

@@ -19,7 +19,7 @@ from rksp_cli.capture import capture_residual_stream, sample_positions
 from rksp_cli.data import screen_batch
 from rksp_cli.errors import UnassessableError
 from rksp_cli.koopman import DMDSettings, LayerSpectrum, aggregate, layer_features, layer_spectrum
-from rksp_cli.models import Subject, build_subject
+from rksp_cli.models import BuildOptions, Subject, build_subject
 from rksp_cli.risk import RiskAssessment, RiskModel, default_risk_model
 from rksp_cli.spec import ScreenSpec, flatten
 
@@ -86,17 +86,16 @@ class ScreenResult:
 def screen(
     spec: ScreenSpec,
     risk_model: RiskModel | None = None,
-    allow_pickle: bool = False,
+    options: BuildOptions | None = None,
     on_layer: ProgressCallback | None = None,
-    stream: bool | None = None,
 ) -> ScreenResult:
-    """Screen one configuration. Raises ``InputError`` (exit 2) or ``UnassessableError`` (exit 3).
-
-    ``stream`` materialises a transformers model one block at a time (None: when it is large).
-    """
+    """Screen one configuration. Raises ``InputError`` (exit 2) or ``UnassessableError`` (exit 3)."""
+    options = options or BuildOptions()
     t = time.perf_counter()
-    subject = build_subject(spec.model, spec.probe.seed, allow_pickle, stream)
-    return profile(subject, spec, risk_model, on_layer, timings={"build": time.perf_counter() - t})
+    subject = build_subject(spec.model, spec.probe.seed, options)
+    return profile(
+        subject, spec, risk_model, on_layer, timings={"build": time.perf_counter() - t}, device=options.device
+    )
 
 
 def profile(
@@ -105,6 +104,7 @@ def profile(
     risk_model: RiskModel | None = None,
     on_layer: ProgressCallback | None = None,
     timings: dict[str, float] | None = None,
+    device: str = "cpu",
 ) -> ScreenResult:
     """Screen a model already built from ``spec`` (the probe trains the same object afterwards)."""
     timings = dict(timings or {})
@@ -127,7 +127,7 @@ def profile(
             X, Y = _distinct_columns(previous.pop().T, state.T)
             distinct = min(distinct, X.shape[1])
             t_layer = time.perf_counter()
-            spectra.append(layer_spectrum(X, Y, settings))
+            spectra.append(layer_spectrum(X.to(device), Y.to(device), settings))
             dmd_seconds.append(time.perf_counter() - t_layer)
             if on_layer is not None:
                 on_layer(index, subject.n_layers)

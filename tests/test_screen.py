@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from rksp_cli.errors import InputError, UnassessableError
+from rksp_cli.models import BuildOptions
 from rksp_cli.risk import RuleBasedRisk
 from rksp_cli.screen import screen
 from rksp_cli.spec import spec_from_dict
@@ -118,14 +119,15 @@ def test_pickle_checkpoints_need_explicit_permission(tmp_path):
     torch.save(model.state_dict(), tmp_path / "weights.bin")
     with pytest.raises(InputError, match="--allow-pickle"):
         _screen({"checkpoint": str(tmp_path / "weights.bin")})
-    assert _screen({"checkpoint": str(tmp_path / "weights.bin")}, allow_pickle=True).features["n_layers"] == 2
+    allowed = _screen({"checkpoint": str(tmp_path / "weights.bin")}, options=BuildOptions(allow_pickle=True))
+    assert allowed.features["n_layers"] == 2
 
 
 @pytest.mark.parametrize("name", sorted(HF_CONFIGS))
 def test_streaming_gives_the_same_features_and_frees_every_block(name, hf_config_file):
     spec = spec_from_dict({"model": {"hf_config": str(hf_config_file(name))}, "probe": {"tokens": 256}})
-    whole = screen(spec, stream=False)
-    streamed = screen(spec, stream=True)
+    whole = screen(spec, options=BuildOptions(stream=False))
+    streamed = screen(spec, options=BuildOptions(stream=True))
     assert streamed.model["streamed"] and not whole.model["streamed"]
     assert streamed.features == pytest.approx(whole.features, nan_ok=True)
     assert all(row["materialize"] >= 0 for row in streamed.timings["layers"])
@@ -136,7 +138,7 @@ def test_streamed_blocks_return_to_the_meta_device(hf_config_file):
     from rksp_cli.models import build_subject
 
     spec = spec_from_dict({"model": {"hf_config": str(hf_config_file("llama"))}})
-    subject = build_subject(spec.model, seed=0, stream=True)
+    subject = build_subject(spec.model, seed=0, options=BuildOptions(stream=True))
     assert all(p.is_meta for block in subject.blocks for p in block.parameters())
     ids = torch.randint(0, 96, (2, 16))
     capture_residual_stream(subject.blocks, lambda: subject.forward(ids), torch.arange(8))
@@ -148,7 +150,7 @@ def test_random_init_follows_the_config_initializer(hf_config_file):
     from rksp_cli.models import build_subject
 
     spec = spec_from_dict({"model": {"hf_config": str(hf_config_file("llama")), "init_std": 0.1}})
-    subject = build_subject(spec.model, seed=0, stream=False)
+    subject = build_subject(spec.model, seed=0, options=BuildOptions(stream=False))
     weight = subject.blocks[0].mlp.up_proj.weight
     assert weight.std().item() == pytest.approx(0.1, rel=0.1)
     assert subject.blocks[0].input_layernorm.weight.eq(1).all()
@@ -160,7 +162,16 @@ def test_streamed_checkpoint_matches_the_whole_checkpoint(tmp_path):
     torch.manual_seed(0)
     LlamaForCausalLM(hf_config("llama")).save_pretrained(tmp_path / "ckpt", max_shard_size="40KB")
     spec = spec_from_dict({"model": {"checkpoint": str(tmp_path / "ckpt")}, "probe": {"tokens": 256}})
-    assert screen(spec, stream=True).features == pytest.approx(screen(spec, stream=False).features, nan_ok=True)
+    assert screen(spec, options=BuildOptions(stream=True)).features == pytest.approx(
+        screen(spec, options=BuildOptions(stream=False)).features, nan_ok=True
+    )
+
+
+def test_an_absent_device_is_an_input_error():
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present here")
+    with pytest.raises(InputError, match="--device cuda"):
+        BuildOptions(device="cuda")
 
 
 def test_a_model_without_findable_blocks_names_what_was_tried():

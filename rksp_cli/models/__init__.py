@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from rksp_cli.errors import InputError
 from rksp_cli.models.gpt import GPT
 
 
@@ -37,27 +38,40 @@ class Subject:
         return len(self.blocks)
 
 
-def build_subject(model_spec: Any, seed: int, allow_pickle: bool = False, stream: bool | None = None) -> Subject:
-    """Build (and initialise or load) the model a ``ModelSpec`` describes, deterministically.
+@dataclass(frozen=True)
+class BuildOptions:
+    """How to build a model, not which: none of these changes the numbers a screen reports."""
 
-    ``stream`` (transformers models only): materialise one block at a time; None decides by size.
-    """
+    allow_pickle: bool = False  # load .bin/.pt checkpoints (with weights_only=True)
+    stream: bool | None = None  # transformers models: one block at a time; None decides by size
+    device: str = "cpu"  # where the forward pass and the DMD run; weights are made on the CPU first
+
+    def __post_init__(self) -> None:
+        if self.device != "cpu" and not (self.device.startswith("cuda") and torch.cuda.is_available()):
+            raise InputError(
+                f"--device {self.device}: no such device here (CUDA available: {torch.cuda.is_available()})"
+            )
+
+
+def build_subject(model_spec: Any, seed: int, options: BuildOptions = BuildOptions()) -> Subject:
+    """Build (and initialise or load) the model a ``ModelSpec`` describes, deterministically."""
     torch.manual_seed(seed)
     if model_spec.arch == "gpt":
-        return _gpt_subject(GPT(model_spec.gpt_config()))
+        return _gpt_subject(GPT(model_spec.gpt_config()).to(options.device), options.device)
     from rksp_cli.models import hf  # transformers is slow to import; only pay for it when used
 
     if model_spec.checkpoint is not None:
-        return hf.load_checkpoint(model_spec.checkpoint, model_spec.hf_config, model_spec.seq_len, allow_pickle, stream)
-    return hf.from_config(model_spec.hf_config, model_spec.seq_len, model_spec.init_std, seed, stream)
+        return hf.load_checkpoint(model_spec.checkpoint, model_spec.hf_config, model_spec.seq_len, options)
+    return hf.from_config(model_spec.hf_config, model_spec.seq_len, model_spec.init_std, seed, options)
 
 
-def _gpt_subject(model: GPT) -> Subject:
+def _gpt_subject(model: GPT, device: str) -> Subject:
     cfg = model.cfg
     model.eval()
 
     def forward(ids: torch.Tensor) -> torch.Tensor:
         # next-token loss on the batch itself; the last position has no target
+        ids = ids.to(device)
         targets = torch.full_like(ids, -100)
         targets[:, :-1] = ids[:, 1:]
         return model(ids, targets)[1]

@@ -14,7 +14,7 @@ from torch import nn
 from transformers import AutoConfig, AutoModel, PretrainedConfig
 
 from rksp_cli.errors import InputError
-from rksp_cli.models import Subject
+from rksp_cli.models import BuildOptions, Subject
 from rksp_cli.models.streaming import (
     BlockStreamer,
     CheckpointWeights,
@@ -22,6 +22,7 @@ from rksp_cli.models.streaming import (
     WeightSource,
     checkpoint_files,
     non_block_parts,
+    place,
 )
 
 # keep the terminal free of library chatter and loading bars (stdout may hold --json)
@@ -52,7 +53,7 @@ def read_config(path: Path) -> PretrainedConfig:
         raise InputError(f"{path}: {first}") from None
 
 
-def from_config(path: Path, seq_len: int | None, init_std: float | None, seed: int, stream: bool | None) -> Subject:
+def from_config(path: Path, seq_len: int | None, init_std: float | None, seed: int, options: BuildOptions) -> Subject:
     """Random init from the config's own initializer, seeded per part (see ``streaming``)."""
     config = read_config(path)
     if init_std is not None:
@@ -60,12 +61,10 @@ def from_config(path: Path, seq_len: int | None, init_std: float | None, seed: i
             raise InputError(f"model.init_std: {config.model_type} configs have no initializer_range to set")
         config.initializer_range = init_std
     model = _meta_model(config, path)
-    return _subject(model, config, RandomInit(model, seed), seq_len, stream, source=f"random init from {path}")
+    return _subject(model, config, RandomInit(model, seed), seq_len, options, source=f"random init from {path}")
 
 
-def load_checkpoint(
-    path: Path, hf_config: Path | None, seq_len: int | None, allow_pickle: bool, stream: bool | None
-) -> Subject:
+def load_checkpoint(path: Path, hf_config: Path | None, seq_len: int | None, options: BuildOptions) -> Subject:
     """Trained weights, read per block: a Hugging Face directory (sharded or not) or a bare file."""
     if path.is_dir():
         config = read_config(hf_config or path / "config.json")
@@ -77,8 +76,8 @@ def load_checkpoint(
         config = read_config(config_path)
         files = [path]
     model = _meta_model(config, path)
-    weights = CheckpointWeights(model, files, allow_pickle)
-    return _subject(model, config, weights, seq_len, stream, source=f"checkpoint {path}")
+    weights = CheckpointWeights(model, files, options.allow_pickle)
+    return _subject(model, config, weights, seq_len, options, source=f"checkpoint {path}")
 
 
 def _meta_model(config: PretrainedConfig, path: Path) -> nn.Module:
@@ -110,7 +109,7 @@ def _subject(
     config: PretrainedConfig,
     weights: WeightSource,
     seq_len: int | None,
-    stream: bool | None,
+    options: BuildOptions,
     source: str,
 ) -> Subject:
     model.eval()
@@ -129,21 +128,23 @@ def _subject(
 
     n_params = sum(p.numel() for p in model.parameters())
     block_params = sum(p.numel() for p in container.parameters())
-    if stream is None:
-        stream = 4 * n_params > STREAM_ABOVE_BYTES
+    stream = options.stream if options.stream is not None else 4 * n_params > STREAM_ABOVE_BYTES
+    device = options.device
     for part_name, part, recurse in non_block_parts(model, container):
         weights.materialize(part_name, part, recurse)
+        place(part, device, recurse)
     blocks = list(container)
     streamer = None
     if stream:
-        streamer = BlockStreamer(weights, name, blocks)
+        streamer = BlockStreamer(weights, name, blocks, device)
     else:
         for i, block in enumerate(blocks):
             weights.materialize(f"{name}.{i}", block)
+            place(block, device)
 
     def forward(ids: torch.Tensor) -> None:
         try:
-            model(input_ids=ids)
+            model(input_ids=ids.to(device))
         except InputError:
             raise
         except Exception as exc:

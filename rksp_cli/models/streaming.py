@@ -132,6 +132,21 @@ def _persistent_buffer_names(module: nn.Module, recurse: bool) -> set[str]:
     return names
 
 
+def place(module: nn.Module, device: str, recurse: bool = True) -> None:
+    """Move a materialised part to ``device``; without ``recurse``, only its own tensors."""
+    if device == "cpu":
+        return
+    if recurse:
+        module.to(device)
+        return
+    for name, param in module._parameters.items():
+        if param is not None:
+            module._parameters[name] = nn.Parameter(param.to(device), requires_grad=param.requires_grad)
+    for name, buffer in module._buffers.items():
+        if buffer is not None:
+            module._buffers[name] = buffer.to(device)
+
+
 def checkpoint_files(directory: Path) -> list[Path]:
     """The weight files of a Hugging Face directory: sharded (with an index) or not."""
     for index_name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
@@ -168,7 +183,8 @@ def non_block_parts(model: nn.Module, blocks: nn.ModuleList) -> Iterator[tuple[s
 class BlockStreamer:
     """Forward hooks that materialise each block before it runs and free it after."""
 
-    def __init__(self, source: WeightSource, blocks_name: str, blocks: list[nn.Module]):
+    def __init__(self, source: WeightSource, blocks_name: str, blocks: list[nn.Module], device: str = "cpu"):
+        self.device = device
         self.seconds: list[float] = [0.0] * len(blocks)
         self.handles = []
         for i, block in enumerate(blocks):
@@ -183,6 +199,7 @@ class BlockStreamer:
         def hook(module: nn.Module, args: tuple) -> None:
             t = time.perf_counter()
             source.materialize(name, module)
+            place(module, self.device)
             self.seconds[index] = time.perf_counter() - t
 
         return hook
