@@ -284,6 +284,7 @@ def evaluate(frame: pd.DataFrame, method: str = "sigmoid", C: float = 1.0, n_boo
         rows[name] = _metrics(y, p, family, True, n_boot)
         if name == SHIPPED:
             rows[name]["reliability"] = reliability(y, p)
+            rows[name]["auroc_by_family"] = {f: auroc(y[family == f], p[family == f]) for f in sorted(set(family))}
     for name, (column, is_probability) in BASELINE_SCORES.items():
         score = np.nan_to_num(_col(frame, column).to_numpy(float), nan=np.nan, posinf=1e300)
         rows[name] = _metrics(y, score, family, is_probability, n_boot)
