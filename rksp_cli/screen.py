@@ -20,6 +20,7 @@ from rksp_cli.data import screen_batch
 from rksp_cli.errors import UnassessableError
 from rksp_cli.koopman import DMDSettings, LayerSpectrum, aggregate, layer_features, layer_spectrum
 from rksp_cli.models import BuildOptions, Subject, build_subject
+from rksp_cli.models.streaming import release_free_memory
 from rksp_cli.risk import RiskAssessment, RiskModel, default_risk_model
 from rksp_cli.spec import ScreenSpec, flatten
 
@@ -128,6 +129,7 @@ def profile(
             distinct = min(distinct, X.shape[1])
             t_layer = time.perf_counter()
             spectra.append(layer_spectrum(X.to(device), Y.to(device), settings))
+            release_free_memory()
             dmd_seconds.append(time.perf_counter() - t_layer)
             if on_layer is not None:
                 on_layer(index, subject.n_layers)
