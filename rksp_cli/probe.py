@@ -29,7 +29,7 @@ import torch
 
 from rksp_cli.errors import InputError, UnassessableError
 from rksp_cli.models import build_subject
-from rksp_cli.screen import ScreenResult, profile, screen_row
+from rksp_cli.screen import ScreenResult, screen_row, screen_subject
 from rksp_cli.spec import ScreenSpec
 from rksp_cli.tasks import make_task
 
@@ -75,7 +75,7 @@ def probe(spec: ScreenSpec, on_step: StepCallback | None = None) -> ProbeResult:
     t0 = time.perf_counter()
     subject = build_subject(spec.model, spec.probe.seed)  # the CPU: probes are small by design
     try:
-        screen, screen_error = profile(subject, spec), None
+        screen, screen_error = screen_subject(subject, spec), None
     except UnassessableError as exc:
         screen, screen_error = None, str(exc)
 

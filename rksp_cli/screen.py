@@ -94,12 +94,11 @@ def screen(
     options = options or BuildOptions()
     t = time.perf_counter()
     subject = build_subject(spec.model, spec.probe.seed, options)
-    return profile(
-        subject, spec, risk_model, on_layer, timings={"build": time.perf_counter() - t}, device=options.device
-    )
+    timings = {"build": time.perf_counter() - t}
+    return screen_subject(subject, spec, risk_model, on_layer, timings, device=options.device)
 
 
-def profile(
+def screen_subject(
     subject: Subject,
     spec: ScreenSpec,
     risk_model: RiskModel | None = None,
