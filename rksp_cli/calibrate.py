@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +32,7 @@ import pandas as pd
 
 from rksp_cli import __version__
 from rksp_cli.errors import InputError
+from rksp_cli.files import atomic_path
 
 # --- feature definitions -----------------------------------------------------------------------
 # Each feature is computed from a flat row (config.*, feature.* columns; see ScreenResult.row).
@@ -362,10 +362,8 @@ def save_calibration(path: Path, model: DivergenceModel, report: dict[str, Any],
         "lr_range": [float(frame["config.training.lr"].min()), float(frame["config.training.lr"].max())],
         "report": report,
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(payload, indent=1, default=float))
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(payload, indent=1, default=float))
 
 
 @dataclass

@@ -193,6 +193,7 @@ def calibrate(
     """Fit P(diverged) on labelled runs; report it held out by configuration, beside the baselines."""
     from rksp_cli import render
     from rksp_cli.calibrate import FEATURE_SETS, SHIPPED, DivergenceModel, evaluate, read_runs, save_calibration
+    from rksp_cli.files import atomic_path
 
     if method not in ("sigmoid", "isotonic"):
         _fail(InputError(f"--method: expected sigmoid or isotonic, got {method!r}"))
@@ -205,7 +206,8 @@ def calibrate(
         _fail(exc)
     save_calibration(out_path, model, report, frame)
     markdown = report_path or out_path.with_suffix(".md")
-    render.write_atomic(markdown, render.calibration_markdown(report, source=runs))
+    with atomic_path(markdown) as tmp:
+        tmp.write_text(render.calibration_markdown(report, source=runs))
     render.render_calibration(report, out)
     out.print(f"wrote {out_path} and {markdown}")
 

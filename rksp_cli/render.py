@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import json
 import math
-import os
 from pathlib import Path
 
 import pandas as pd
@@ -180,14 +179,6 @@ def render_sweep(frame: pd.DataFrame, path: Path, console: Console, top: int = 1
 
 def _cell(value: object) -> str:
     return fmt(value) if isinstance(value, float) else str(value)
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write via a temporary file and a rename, so a reader never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def _metric_cells(m: dict) -> list[str]:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pandas as pd
+
+from rksp_cli.files import atomic_path
 
 SEED_COLUMN = "config.probe.seed"
 
@@ -37,11 +38,9 @@ def risk_heatmap(frame: pd.DataFrame, x: str, y: str, path: Path) -> Path:
         ax.set_title(title)
         fig.colorbar(image, ax=ax, fraction=0.046)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.png")
-    fig.savefig(tmp, dpi=120)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120, format="png")
     plt.close(fig)
-    os.replace(tmp, path)
     return path
 
 

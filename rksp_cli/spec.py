@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import fields
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -44,7 +45,7 @@ def _rank(value: Any) -> Any:
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid")
 
 
 class ModelSpec(_Section):
@@ -73,20 +74,10 @@ class ModelSpec(_Section):
         if not given:
             self.arch = "gpt"
         if self.arch == "gpt":
-            d = GPTConfig()
-            for name in (
-                "norm",
-                "d_model",
-                "n_layers",
-                "n_heads",
-                "vocab_size",
-                "seq_len",
-                "init_std",
-                "mlp_ratio",
-                "zero_init_residual",
-            ):
-                if getattr(self, name) is None:
-                    setattr(self, name, getattr(d, name))
+            defaults = GPTConfig()
+            for f in fields(GPTConfig):
+                if getattr(self, f.name) is None:
+                    setattr(self, f.name, getattr(defaults, f.name))
             if self.d_model % self.n_heads:
                 raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
             return self
@@ -100,17 +91,7 @@ class ModelSpec(_Section):
 
     def gpt_config(self) -> GPTConfig:
         assert self.arch == "gpt"
-        return GPTConfig(
-            vocab_size=self.vocab_size,
-            seq_len=self.seq_len,
-            d_model=self.d_model,
-            n_layers=self.n_layers,
-            n_heads=self.n_heads,
-            mlp_ratio=self.mlp_ratio,
-            norm=self.norm,
-            init_std=self.init_std,
-            zero_init_residual=self.zero_init_residual,
-        )
+        return GPTConfig(**{f.name: getattr(self, f.name) for f in fields(GPTConfig)})
 
 
 class TrainingSpec(_Section):

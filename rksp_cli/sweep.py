@@ -22,7 +22,6 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import os
 import random
 import sqlite3
 import time
@@ -37,6 +36,7 @@ import pandas as pd
 import yaml
 
 from rksp_cli.errors import InputError
+from rksp_cli.files import atomic_path
 from rksp_cli.spec import load_spec, set_field, spec_from_dict
 
 Progress = Callable[[int, int, int], None]  # (done, total, failed)
@@ -140,7 +140,7 @@ class Store:
         return {k for (k,) in self.db.execute("SELECT key FROM points")}
 
     def add(self, row: dict[str, Any]) -> None:
-        self.db.execute("INSERT OR REPLACE INTO points VALUES (?, ?)", (row["key"], json.dumps(row, default=_json)))
+        self.db.execute("INSERT OR REPLACE INTO points VALUES (?, ?)", (row["key"], json.dumps(row, default=str)))
         self.db.commit()
 
     def frame(self) -> pd.DataFrame:
@@ -149,19 +149,12 @@ class Store:
 
     def export(self) -> pd.DataFrame:
         frame = self.frame()
-        tmp = self.out.with_name(f".{self.out.name}.{os.getpid()}.tmp")
-        frame.to_parquet(tmp, index=False)
-        os.replace(tmp, self.out)
+        with atomic_path(self.out) as tmp:
+            frame.to_parquet(tmp, index=False)
         return frame
 
     def close(self) -> None:
         self.db.close()
-
-
-def _json(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return str(value)
 
 
 def run_point(config: dict[str, Any], key: str, probe: bool) -> dict[str, Any]:

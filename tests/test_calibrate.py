@@ -66,7 +66,7 @@ def test_json_round_trip_predicts_the_same(tmp_path, runs, fitted):
     loaded = load_calibration(tmp_path / "cal.json")
     assert np.allclose(loaded.model.predict_proba(runs), fitted.predict_proba(runs), atol=1e-12)
     assert loaded.fixed_settings["training.optimizer"] == "adamw"
-    assert not list(tmp_path.glob(".*tmp"))  # written atomically
+    assert not list(tmp_path.glob(".*.tmp*"))  # written atomically, no temporary left
 
 
 def test_risk_grows_with_lr_and_the_edge_tracks_the_spectra(tmp_path, runs, fitted):
