@@ -7,6 +7,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -132,3 +133,9 @@ def test_ray_backend_on_a_local_instance(grid, tmp_path):
         assert len(frame) == 3 and frame["error"].isna().all()
     finally:
         ray.shutdown()
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).parent.parent / "grids").glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_grids_are_valid(path):
+    points = load_grid(path)
+    assert points and len({p.key for p in points}) == len(points)
