@@ -38,6 +38,12 @@ def fmt(x: float | None) -> str:
     return f"{x:.3g}" if abs(x) >= 100 or 0 < abs(x) < 0.01 else f"{x:.2f}"
 
 
+def _risk_text(risk: float) -> str:
+    if math.isnan(risk):
+        return "-"
+    return "<0.01" if risk < 0.005 else ">0.99" if risk > 0.995 else f"{risk:.2f}"
+
+
 def to_json(result: ScreenResult) -> str:
     return dumps(result.to_dict())
 
@@ -86,7 +92,7 @@ def render(result: ScreenResult, console: Console) -> None:
     risk = result.risk
     headline = Text.assemble(
         ("risk ", "bold"),
-        (fmt(risk.risk), VERDICT_STYLE[risk.verdict]),
+        (_risk_text(risk.risk), VERDICT_STYLE[risk.verdict]),
         ("  ", ""),
         (risk.verdict.upper(), VERDICT_STYLE[risk.verdict]),
         (f"  {risk.reason}", ""),

@@ -126,7 +126,7 @@ class CalibratedRisk:
             mine = row.get(f"config.{setting}")
             mine = ",".join(map(str, mine)) if isinstance(mine, (list, tuple)) else mine
             if mine != value and not (mine is None and value is None):
-                out_of_range.append(f"{setting} = {mine} (calibrated only at {value})")
+                out_of_range.append(f"{setting} = {mine} (calibrated only at {_plain(value)})")
         lr = row.get("config.training.lr")
         edge = self.edge(row)
         edge_text = self._edge_text(edge)
@@ -184,6 +184,11 @@ class CalibratedRisk:
         contrib = np.asarray(model.coef) * (x - model.means) / np.asarray(model.scales)
         order = np.argsort(contrib)[::-1]
         return [model.columns[i] for i in order[:top] if contrib[i] > 0]
+
+
+def _plain(value: Any) -> Any:
+    """16.0 -> 16: settings read back from Parquet come as floats."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
 def default_risk_model(calibration: str | Path | None = None) -> RiskModel:
