@@ -136,13 +136,13 @@ def _divergence(loss: float, grad_norm: float, max_loss: float, max_grad: float)
 
 def _optimizer(model: torch.nn.Module, spec: ScreenSpec) -> torch.optim.Optimizer:
     t = spec.training
+    if t.lr is None:
+        raise InputError("training.lr: a probe needs a learning rate")
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": t.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     if t.optimizer == "sgd":
         return torch.optim.SGD(groups, lr=t.lr, momentum=t.betas[0])
-    if t.lr is None:
-        raise InputError("training.lr: a probe needs a learning rate")
     cls = torch.optim.AdamW if t.optimizer == "adamw" else torch.optim.Adam
     return cls(groups, lr=t.lr, betas=t.betas)
 

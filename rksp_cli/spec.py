@@ -28,7 +28,6 @@ from rksp_cli.models.gpt import NORMS, GPTConfig
 from rksp_cli.tasks import TASKS
 
 CHECKPOINT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth")
 SPEC_SUFFIXES = (".yaml", ".yml")
 
 # Fields of ``model`` that describe the built-in GPT; a transformers config or checkpoint

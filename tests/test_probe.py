@@ -72,3 +72,11 @@ def test_probe_refuses_transformers_models(hf_config_file):
     spec = spec_from_dict({"model": {"hf_config": str(hf_config_file("gpt2"))}})
     with pytest.raises(InputError, match="built-in gpt"):
         probe(spec)
+
+
+def test_a_probe_without_a_learning_rate_is_an_input_error():
+    from rksp_cli.errors import InputError
+
+    for optimizer in ("adamw", "sgd"):
+        with pytest.raises(InputError, match=r"training\.lr"):
+            probe(_spec({"norm": "pre"}, {"optimizer": optimizer, "steps": 2}))
