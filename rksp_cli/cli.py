@@ -120,6 +120,7 @@ def probe(
     task: Annotated[str | None, typer.Option("--task", help="synthetic_lm, assoc_recall or a text file.")] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="Override a field (repeatable).")] = None,
     json_: Annotated[bool, typer.Option("--json", help="Print the labelled row as JSON.")] = False,
+    kss: Annotated[bool, typer.Option("--kss", help="Train with Koopman Spectral Shaping (alpha 0.15).")] = False,
 ) -> None:
     """Train the configuration briefly and label whether it diverged (ground truth for calibration)."""
     from rksp_cli import render
@@ -129,6 +130,7 @@ def probe(
     overrides = list(set_ or [])
     overrides += [f"training.steps={steps}"] if steps else []
     overrides += [f"training.task={task}"] if task else []
+    overrides += ["training.kss_alpha=0.15"] if kss else []
     try:
         spec = load_spec(path, overrides)
         with _progress("training", spec.training.steps) as advance:

@@ -142,4 +142,3 @@ class KoopmanSpectralShaping:
             f"KoopmanSpectralShaping(alpha={self.alpha}, every={self.every}, fraction={self.fraction}, "
             f"rank={self.rank}, beta={self.beta}, gamma={self.gamma}, layers={len(self.blocks)})"
         )
-

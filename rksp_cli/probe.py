@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from rksp_cli.errors import InputError, UnassessableError
+from rksp_cli.kss import KoopmanSpectralShaping
 from rksp_cli.models import build_subject
 from rksp_cli.screen import ScreenResult, screen_row, screen_subject
 from rksp_cli.spec import ScreenSpec
@@ -47,7 +48,8 @@ class ProbeResult:
     reason: str  # why it was labelled as it was
     losses: list[float]
     grad_norms: list[float]  # pre-clip global L2 norms
-    seconds: float
+    seconds: float  # in all: build, init screen and training
+    train_seconds: float  # the training loop alone
     screen: ScreenResult | None  # None when the init could not be assessed
     screen_error: str | None = None
     baselines: dict[str, float] = field(default_factory=dict)
@@ -64,6 +66,7 @@ class ProbeResult:
             label_reason=self.reason,
             screen_error=self.screen_error,
             probe_seconds=self.seconds,
+            train_seconds=self.train_seconds,
         )
         return row
 
@@ -87,7 +90,11 @@ def probe(spec: ScreenSpec, on_step: StepCallback | None = None) -> ProbeResult:
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
     gen = torch.Generator().manual_seed(spec.probe.seed + 1)  # data stream, independent of the init
 
+    kss = None
+    if train.kss_alpha:
+        kss = KoopmanSpectralShaping(subject.blocks, alpha=train.kss_alpha, seed=spec.probe.seed)
     model.train()
+    t_train = time.perf_counter()
     losses: list[float] = []
     grads: list[float] = []
     diverged_step, reason = None, f"no divergence in {train.steps} steps"
@@ -95,7 +102,7 @@ def probe(spec: ScreenSpec, on_step: StepCallback | None = None) -> ProbeResult:
         inputs, targets = task.batch(train.batch_size, gen)
         _, loss = model(inputs, targets)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        (loss + kss(step) if kss is not None else loss).backward()  # the label reads the task loss alone
         grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), train.grad_clip or math.inf))
         loss_value = float(loss.detach())
         losses.append(loss_value)
@@ -108,6 +115,8 @@ def probe(spec: ScreenSpec, on_step: StepCallback | None = None) -> ProbeResult:
             break
         optimizer.step()
         schedule.step()
+    if kss is not None:
+        kss.remove()
     return ProbeResult(
         spec=spec,
         diverged=diverged_step is not None,
@@ -116,6 +125,7 @@ def probe(spec: ScreenSpec, on_step: StepCallback | None = None) -> ProbeResult:
         losses=losses,
         grad_norms=grads,
         seconds=time.perf_counter() - t0,
+        train_seconds=time.perf_counter() - t_train,
         screen=screen,
         screen_error=screen_error,
         baselines=baselines(losses, grads),

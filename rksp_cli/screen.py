@@ -26,6 +26,11 @@ from rksp_cli.spec import ScreenSpec, flatten
 
 ProgressCallback = Callable[[int, int], None]  # (layers done, layers total)
 
+KSS_ADVICE = (
+    "consider Koopman Spectral Shaping (rksp_cli.kss: alpha 0.15 every 10 steps on half the layers); "
+    "check it with `rksp probe --kss`, or lower the learning rate below the edge"
+)
+
 
 @dataclass
 class ScreenResult:
@@ -162,6 +167,8 @@ def screen_subject(
     init_std = spec.model.init_std if spec.model.init_std is not None else subject.summary.get("initializer_range")
     features["init_std"] = math.nan if spec.model.checkpoint is not None or init_std is None else float(init_std)
     risk = (risk_model or default_risk_model()).assess(screen_row(spec, features))
+    if risk.verdict == "high":
+        risk.notes.append(KSS_ADVICE)
     timings["layers"] = layer_timings
     return ScreenResult(spec, subject.summary, spectra, stream_rms, features, risk, timings, warnings)
 

@@ -108,6 +108,7 @@ class TrainingSpec(_Section):
     task: str = "synthetic_lm"  # synthetic_lm | assoc_recall | a text or .npy file (character-level LM)
     diverge_loss: Annotated[float, Field(gt=0)] = 50.0
     diverge_grad_norm: Annotated[float, Field(gt=0)] = 500.0
+    kss_alpha: Annotated[float, Field(ge=0)] = 0.0  # rksp probe: Koopman Spectral Shaping weight; 0 = off
 
     @field_validator("task")
     @classmethod

@@ -161,3 +161,10 @@ def test_sweep_then_calibrate_then_screen_with_that_calibration(tmp_path):
     screen = json.loads(rksp("screen", SCREENS[0], *SMALL, "--calibration", cal, "--json").stdout)
     assert screen["risk_model"]["calibrated"] is True
     assert "lr_edge" in screen and "risk 0.2" in screen["reason"]
+
+
+def test_a_high_risk_screen_recommends_kss(write_yaml):
+    path = write_yaml("model: {norm: none}\ntraining: {lr: 0.1}\nprobe: {tokens: 512}\n")
+    data = json.loads(rksp("screen", path, "--json").stdout)
+    assert data["verdict"] == "high"
+    assert any("Koopman Spectral Shaping" in note for note in data["risk_model"]["notes"])

@@ -80,3 +80,11 @@ def test_a_probe_without_a_learning_rate_is_an_input_error():
     for optimizer in ("adamw", "sgd"):
         with pytest.raises(InputError, match=r"training\.lr"):
             probe(_spec({"norm": "pre"}, {"optimizer": optimizer, "steps": 2}))
+
+
+def test_kss_changes_the_updates_but_not_what_the_label_reads():
+    plain = probe(_spec({"norm": "none"}, {"lr": 1e-3, "steps": 12}))
+    shaped = probe(_spec({"norm": "none"}, {"lr": 1e-3, "steps": 12, "kss_alpha": 0.15}))
+    again = probe(_spec({"norm": "none"}, {"lr": 1e-3, "steps": 12, "kss_alpha": 0.15}))
+    assert plain.losses[0] == shaped.losses[0]  # step 0 loss is the task loss of the same init
+    assert plain.losses[-1] != shaped.losses[-1] and shaped.losses == again.losses
