@@ -59,13 +59,13 @@ class KoopmanSpectralShaping:
         self.generator = torch.Generator().manual_seed(seed)
         self.skipped = 0
         self._states: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._handles = [b.register_forward_hook(self._hook(i)) for i, b in enumerate(self.blocks)]
+        self._handles = [b.register_forward_hook(self._hook(i), with_kwargs=True) for i, b in enumerate(self.blocks)]
 
     def _hook(self, index: int):
-        def hook(module: nn.Module, args: tuple, output: Any) -> None:
+        def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
             if not torch.is_grad_enabled():  # evaluation passes are not training steps
                 return
-            x = args[0]
+            x = args[0] if args else kwargs["hidden_states"]  # transformers layers may take it by name
             y = output[0] if isinstance(output, (tuple, list)) else output
             self._states[index] = (x, y)
 
