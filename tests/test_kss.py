@@ -57,3 +57,17 @@ def test_minimising_the_penalty_pulls_an_expansive_operator_inside_the_unit_circ
         kss(step).backward()
         opt.step()
     assert before > 1.2 and radius() < 1.1
+
+
+def test_works_on_transformers_blocks():
+    from transformers import AutoModel
+
+    from tests.conftest import hf_config
+
+    torch.manual_seed(0)
+    model = AutoModel.from_config(hf_config("llama"))
+    kss = KoopmanSpectralShaping(model.layers, every=1, fraction=1.0, rank=16)
+    out = model(input_ids=torch.randint(0, 96, (4, 32)))
+    (out.last_hidden_state.square().mean() + kss(0)).backward()
+    grads = [p.grad for p in model.layers.parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads)
