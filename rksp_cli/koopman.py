@@ -110,10 +110,9 @@ def layer_spectrum(X: torch.Tensor, Y: torch.Tensor, settings: DMDSettings = DMD
     if settings.rank == "full":
         Xw, Yw = _whiten_full(X, Y, settings.eps)
         U, S, Vh = torch.linalg.svd(Xw, full_matrices=False)
-        r = _numerical_rank(torch.linalg.svdvals(X - X.mean(1, keepdim=True)), *X.shape)
-        A = (
-            Yw @ (Vh[:r].T / S[:r]) @ U[:, :r].T
-        )  # Y~ X~^+ cut at rank(X_c): pinv's own cut keeps round-off the whitening amplified
+        # Y~ X~^+ cut at the rank `auto` uses: pinv's own cut keeps round-off the whitening amplified
+        r = _thin_svd(X - X.mean(1, keepdim=True))[1].numel()
+        A = Yw @ (Vh[:r].T / S[:r]) @ U[:, :r].T
         return _analyse(A, Xw, Yw, settings, "full whitened DMD (d x d)")
     Xw, Yw, Vh, sx = whiten(X, Y, settings.eps)
     if Xw.shape[0] == 0:
@@ -183,13 +182,6 @@ def _thin_svd(Xc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
         return U, S, (U.T @ Xc) / S[:, None]
     V = vecs[:, keep]
     return (Xc @ V) / S, S, V.T
-
-
-def _numerical_rank(S: torch.Tensor, d: int, n: int) -> int:
-    """Rank from singular values with numpy's matrix_rank tolerance."""
-    if S.numel() == 0 or S[0] == 0:
-        return 0
-    return int((S > S[0] * max(d, n) * torch.finfo(S.dtype).eps).sum())
 
 
 def _randomized(Xw: torch.Tensor, Yw: torch.Tensor, rank: int, settings: DMDSettings) -> LayerSpectrum:
