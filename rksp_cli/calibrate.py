@@ -174,10 +174,14 @@ class DivergenceModel:
         self.ranges = {c: [float(X[c].min()), float(X[c].max())] for c in keep if "*" not in c}
         return self
 
-    def decision_function(self, frame: pd.DataFrame) -> np.ndarray:
+    def contributions(self, frame: pd.DataFrame) -> np.ndarray:
+        """Per row and column: coefficient x standardised value (the logit is their sum + intercept)."""
         X = design(frame, self.features).reindex(columns=self.columns)
         Z = X.fillna(dict(zip(self.columns, self.medians, strict=True))).to_numpy(float)
-        return ((Z - self.means) / self.scales) @ np.asarray(self.coef) + self.intercept
+        return (Z - self.means) / self.scales * np.asarray(self.coef)
+
+    def decision_function(self, frame: pd.DataFrame) -> np.ndarray:
+        return self.contributions(frame).sum(1) + self.intercept
 
     def predict_proba(self, frame: pd.DataFrame) -> np.ndarray:
         """P(diverged) per row (a 1-D array, unlike scikit-learn's two columns)."""

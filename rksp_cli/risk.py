@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import numpy as np
 import pandas as pd
 
-from rksp_cli.calibrate import Calibration, design, load_calibration
+from rksp_cli.calibrate import Calibration, load_calibration
 
 # Verdict bands on the risk number.
 ELEVATED_FROM = 0.2
@@ -179,9 +179,7 @@ class CalibratedRisk:
     def drivers(self, frame: pd.DataFrame, top: int = 2) -> list[str]:
         """The features pushing this row's score up the most (coefficient x standardised value)."""
         model = self.calibration.model
-        X = design(frame, model.features).reindex(columns=model.columns)
-        x = X.fillna(dict(zip(model.columns, model.medians, strict=True))).to_numpy(float)[0]
-        contrib = np.asarray(model.coef) * (x - model.means) / np.asarray(model.scales)
+        contrib = model.contributions(frame)[0]
         order = np.argsort(contrib)[::-1]
         return [model.columns[i] for i in order[:top] if contrib[i] > 0]
 
