@@ -11,7 +11,7 @@ TORCH  := torch==2.13.0
 STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 SCREEN ?= screens/gpt-small-noln.yaml
 
-.PHONY: install screen test lint format clean bench-norms bench-sweep bench-dmd bench-scale bench-kss calibration
+.PHONY: install screen test lint format clean bench-norms bench-sweep bench-dmd bench-scale bench-kss bench-faults calibration
 
 install: $(STAMP)
 
@@ -52,6 +52,9 @@ bench-scale: install
 
 bench-kss: install
 	$(BIN)/python benchmarks/kss_stress.py
+
+bench-faults: install
+	$(BIN)/python benchmarks/faults.py
 
 # The shipped calibration: ~800 labelled probe runs (about 40 minutes on 2 cores), then the fit and
 # its held-out report. Rerunning resumes from calibration/runs.parquet.journal.

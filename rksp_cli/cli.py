@@ -214,6 +214,71 @@ def calibrate(
     out.print(f"wrote {out_path} and {markdown}")
 
 
+@app.command()
+def faults(
+    fault: Annotated[
+        list[str] | None, typer.Option("--fault", help="Inject only this fault (repeatable; default all).")
+    ] = None,
+    steps: Annotated[int, typer.Option("--steps", min=2, help="Training steps per run.")] = 600,
+    inject_at: Annotated[int, typer.Option("--inject-at", min=1, help="Step at which the fault starts.")] = 200,
+    every: Annotated[int, typer.Option("--every", min=1, help="Monitor interval in steps.")] = 10,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the model and the data.")] = 0,
+    json_: Annotated[bool, typer.Option("--json", help="Print the per-monitor rows as JSON.")] = False,
+) -> None:
+    """Inject training faults into a small job and report which monitors alarm, how early, and false alarms."""
+    from dataclasses import replace
+
+    from rksp_cli import render
+    from rksp_cli.faults import FAULTS, FaultJob, run_fault
+
+    chosen = fault or list(FAULTS)
+    if unknown := [f for f in chosen if f not in FAULTS]:
+        _fail(InputError(f"--fault: unknown {', '.join(unknown)}; choose from {', '.join(FAULTS)}"))
+    if inject_at >= steps:
+        _fail(InputError(f"--inject-at {inject_at}: must be below --steps {steps}"))
+    job = replace(FaultJob(), steps=steps, inject_at=inject_at, every=every, seed=seed)
+    runs = []
+    with _progress("fault runs", len(chosen) + 1) as advance:
+        for i, name in enumerate([None, *chosen]):
+            runs.append(run_fault(name, job))
+            advance(i + 1)
+    if json_:
+        typer.echo(render.dumps([row for run in runs for row in run.summary()]))
+    else:
+        render.render_faults(runs, out)
+
+
+@app.command()
+def watch(
+    log: Annotated[Path, typer.Argument(help="Metrics log (.jsonl) written by Monitor(..., log=...).")],
+    follow: Annotated[
+        bool, typer.Option("--follow/--once", help="Keep refreshing until Ctrl-C, or render once and exit.")
+    ] = True,
+    interval: Annotated[float, typer.Option("--interval", min=0.1, help="Seconds between refreshes.")] = 2.0,
+) -> None:
+    """A live dashboard of a running job's monitors, read from its metrics log."""
+    import time
+
+    from rich.live import Live
+
+    from rksp_cli import render
+    from rksp_cli.watch import read_log
+
+    try:
+        dashboard = render.watch_dashboard(read_log(log))
+        if not follow:
+            out.print(dashboard)
+            return
+        with Live(dashboard, console=out, refresh_per_second=4) as live:
+            while True:
+                time.sleep(interval)
+                live.update(render.watch_dashboard(read_log(log)))
+    except InputError as exc:
+        _fail(exc)
+    except KeyboardInterrupt:
+        pass
+
+
 @contextmanager
 def _layer_progress() -> Iterator[Callable[[int, int], None]]:
     """A progress bar over the per-layer DMD on stderr, shown only on a terminal."""

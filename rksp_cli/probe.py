@@ -92,7 +92,7 @@ def probe(spec: ScreenSpec, on_step: StepCallback | None = None) -> ProbeResult:
 
     kss = None
     if train.kss_alpha:
-        kss = KoopmanSpectralShaping(subject.blocks, alpha=train.kss_alpha, seed=spec.probe.seed)
+        kss = KoopmanSpectralShaping(subject.blocks, alpha=train.kss_alpha, every=train.kss_every, seed=spec.probe.seed)
     model.train()
     t_train = time.perf_counter()
     losses: list[float] = []

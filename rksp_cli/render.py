@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import json
 import math
 from pathlib import Path
 
@@ -13,9 +12,12 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from rksp_cli.faults import FaultRun
 from rksp_cli.probe import ProbeResult
 from rksp_cli.report import sweep_axes
 from rksp_cli.screen import ScreenResult
+from rksp_cli.serialize import dumps
+from rksp_cli.watch import HEADLINES, MetricsLog
 
 VERDICT_STYLE = {"low": "bold green", "elevated": "bold yellow", "high": "bold red", "unknown": "bold blue"}
 
@@ -46,21 +48,6 @@ def _risk_text(risk: float) -> str:
 
 def to_json(result: ScreenResult) -> str:
     return dumps(result.to_dict())
-
-
-def dumps(data: dict) -> str:
-    """Strict JSON: NaN and infinities become null."""
-    return json.dumps(_finite(data), indent=2)
-
-
-def _finite(obj: object) -> object:
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    return obj
 
 
 def to_csv(result: ScreenResult) -> str:
@@ -244,3 +231,69 @@ def calibration_markdown(report: dict, source: Path) -> str:
     lines.append("|---|---|---|---|")
     lines += [f"| {r['bin']} | {r['n']} | {r['predicted']:.3f} | {r['observed']:.3f} |" for r in shipped["reliability"]]
     return "\n".join(lines) + "\n"
+
+
+SPARKS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: list[float], width: int = 30) -> str:
+    values = [v for v in values[-width:] if math.isfinite(v)]
+    if not values:
+        return ""
+    lo, hi = min(values), max(values)
+    return "".join(SPARKS[int((v - lo) / (hi - lo) * (len(SPARKS) - 1)) if hi > lo else 0] for v in values)
+
+
+def watch_dashboard(log: MetricsLog, recent: int = 8) -> Group:
+    """The monitors of a running job: each signal's latest value, its extreme so far and its trend."""
+    last = log.checks[-1] if log.checks else {}
+    title = (
+        f"{log.path}  ·  monitors: {', '.join(log.monitors) or '-'}  ·  every {log.every or '-'} steps  ·  "
+        f"{len(log.checks)} checks, last step {last.get('step', '-')}"
+    )
+    signals = Table(title="signals", title_justify="left", expand=True)
+    for header in ("signal", "latest", "extreme so far", "trend"):
+        signals.add_column(header, justify="right" if header in ("latest", "extreme so far") else "left")
+    for label, family, combine in HEADLINES:
+        points = log.series(family, combine)
+        if points:
+            values = [v for _, v in points]
+            signals.add_row(label, fmt(values[-1]), fmt(combine(values)), sparkline(values))
+    alarms = [a for a in log.alerts() if a.get("level") == "alarm"]
+    alerts = Table(title=f"alerts ({len(alarms)} alarms in all)", title_justify="left", expand=True)
+    for header in ("step", "monitor", "layer", "level", "reason"):
+        alerts.add_column(header)
+    for a in log.alerts()[-recent:]:
+        style = "red" if a.get("level") == "alarm" else "yellow"
+        alerts.add_row(str(a["step"]), a["monitor"], a.get("layer") or "-", Text(a["level"], style=style), a["reason"])
+    parts = [Panel(Text(title), title="rksp watch", title_align="left"), signals, alerts]
+    if log.unreadable:
+        parts.append(Text(f"{log.unreadable} unreadable lines skipped", style="yellow"))
+    return Group(*parts)
+
+
+def render_faults(runs: list[FaultRun], console: Console) -> None:
+    table = Table(
+        title="fault injection: first alarm after the fault, and its lead over divergence", title_justify="left"
+    )
+    for header in ("fault", "diverged at", "monitor", "first alarm", "lead (steps)", "false alarms", "overhead @50"):
+        table.add_column(header, justify="left" if header in ("fault", "monitor") else "right")
+    for run in runs:
+        for row in run.summary():
+            table.add_row(
+                row["fault"],
+                str(row["diverged_step"]) if row["diverged_step"] is not None else "no",
+                row["monitor"],
+                str(row["first_alarm"]) if row["first_alarm"] is not None else "-",
+                str(row["lead_steps"]) if row["lead_steps"] is not None else "-",
+                str(row["false_alarms"]),
+                f"{row['overhead_pct']:.2f}%",
+            )
+        table.add_section()
+    console.print(table)
+    job = runs[0].job
+    console.print(
+        f"{job.steps} steps, fault at step {job.inject_at}, checks every {job.every} steps; overhead is the mean "
+        "check time over 50 median training steps (Monitor's default interval). Alarms before the fault, "
+        "or on the clean run, are false alarms."
+    )

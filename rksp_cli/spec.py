@@ -32,7 +32,7 @@ SPEC_SUFFIXES = (".yaml", ".yml")
 
 # Fields of ``model`` that describe the built-in GPT; a transformers config or checkpoint
 # carries its own architecture, so setting one of these beside it is a contradiction.
-_GPT_ONLY = ("norm", "d_model", "n_layers", "n_heads", "vocab_size", "mlp_ratio", "zero_init_residual")
+_GPT_ONLY = ("norm", "d_model", "n_layers", "n_heads", "vocab_size", "mlp_ratio", "zero_init_residual", "n_experts")
 
 
 def _rank(value: Any) -> Any:
@@ -62,6 +62,7 @@ class ModelSpec(_Section):
     init_std: Annotated[float, Field(ge=0)] | None = None
     mlp_ratio: Annotated[int, Field(ge=1)] | None = None
     zero_init_residual: bool | None = None
+    n_experts: Annotated[int, Field(ge=0)] | None = None
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSpec:
@@ -109,6 +110,7 @@ class TrainingSpec(_Section):
     diverge_loss: Annotated[float, Field(gt=0)] = 50.0
     diverge_grad_norm: Annotated[float, Field(gt=0)] = 500.0
     kss_alpha: Annotated[float, Field(ge=0)] = 0.0  # rksp probe: Koopman Spectral Shaping weight; 0 = off
+    kss_every: Annotated[int, Field(ge=1)] = 10  # rksp probe: KSS interval in steps
 
     @field_validator("task")
     @classmethod

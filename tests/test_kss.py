@@ -71,3 +71,37 @@ def test_works_on_transformers_blocks():
     (out.last_hidden_state.square().mean() + kss(0)).backward()
     grads = [p.grad for p in model.layers.parameters() if p.grad is not None]
     assert grads and all(torch.isfinite(g).all() for g in grads)
+
+
+def test_autocast_leaves_the_eigen_decomposition_in_float64():
+    torch.manual_seed(0)
+    x = torch.randn(256, 16)
+    y = x @ (0.9 * torch.eye(16) + 0.05 * torch.randn(16, 16))
+    exact = KoopmanSpectralShaping([nn.Identity()], rank=8, seed=3).eigenvalues(x, y)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        mixed = KoopmanSpectralShaping([nn.Identity()], rank=8, seed=3).eigenvalues(x, y)
+    assert mixed.dtype == torch.complex128
+    assert torch.allclose(mixed, exact, atol=1e-10)
+
+
+def test_hugging_face_trainer_trains_with_the_penalty_on_schedule(tmp_path):
+    from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
+
+    from rksp_cli.hf_trainer import attach_kss
+    from tests.conftest import hf_config
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(hf_config("llama"))
+    ids = torch.randint(0, 96, (16, 32), generator=torch.Generator().manual_seed(0))
+    data = [{"input_ids": row, "labels": row} for row in ids]
+    args = TrainingArguments(
+        output_dir=str(tmp_path), max_steps=4, per_device_train_batch_size=4, learning_rate=1e-3,
+        report_to=[], save_strategy="no", logging_strategy="no", use_cpu=True, seed=0,
+    )  # fmt: skip
+    trainer = Trainer(model=model, args=args, train_dataset=data)
+    kss = attach_kss(trainer, every=2, fraction=1.0, rank=8)
+    trainer.train()
+    assert kss.applied == 2 and kss.skipped == 0  # steps 0 and 2
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    model(input_ids=ids[:2])
+    assert not kss._states  # hooks removed when training ended

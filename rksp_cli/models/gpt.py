@@ -14,6 +14,8 @@ same model. Six residual-stream normalisations:
   before each sublayer's output projection (attention output, and MLP hidden activations), with
   the value, output-projection and MLP weights' std scaled by gamma = sqrt(ln(2L)).
 
+``n_experts`` > 0 replaces every MLP with a top-2 mixture of experts (for the MoE router monitor).
+
 Init: every weight matrix and embedding N(0, init_std^2) (times the per-norm factors above),
 biases zero, norm gains one. With ``zero_init_residual`` the output projection of every residual
 branch starts at zero (the Fixup/ReZero family), so every block is the identity at init.
@@ -42,6 +44,7 @@ class GPTConfig:
     norm: str = "pre"
     init_std: float = 0.02
     zero_init_residual: bool = False
+    n_experts: int = 0  # > 0: every MLP becomes a top-2 mixture of this many experts
 
     @property
     def post_norm(self) -> bool:
@@ -85,6 +88,23 @@ class MLP(nn.Module):
         return self.proj(self.sub_norm(F.gelu(self.fc(x))))
 
 
+class MoE(nn.Module):
+    """Top-2 mixture of MLP experts (Mixtral's routing). Every expert runs on every token and the
+    unchosen outputs are weighted by zero: wasteful, but short enough to read, for small models."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.top_k = min(2, cfg.n_experts)
+        self.router = nn.Linear(cfg.d_model, cfg.n_experts, bias=False)
+        self.experts = nn.ModuleList(MLP(cfg) for _ in range(cfg.n_experts))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        probs = self.router(x).softmax(-1)
+        top, chosen = probs.topk(self.top_k, dim=-1)
+        gates = torch.zeros_like(probs).scatter(-1, chosen, top / top.sum(-1, keepdim=True))
+        return sum(gates[..., e : e + 1] * expert(x) for e, expert in enumerate(self.experts))
+
+
 class Block(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
@@ -92,7 +112,7 @@ class Block(nn.Module):
         self.alpha = (2 * cfg.n_layers) ** 0.25 if cfg.norm == "deepnorm" else 1.0
         self.norm1, self.norm2 = _norm(cfg), _norm(cfg)
         self.attn = CausalSelfAttention(cfg)
-        self.mlp = MLP(cfg)
+        self.mlp = MoE(cfg) if cfg.n_experts else MLP(cfg)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.post_norm:
@@ -100,6 +120,11 @@ class Block(nn.Module):
             return self.norm2(self.alpha * x + self.mlp(x))
         x = x + self.attn(self.norm1(x))
         return x + self.mlp(self.norm2(x))
+
+
+def _mlp_linears(block: Block, name: str) -> list[nn.Linear]:
+    mlps = block.mlp.experts if isinstance(block.mlp, MoE) else [block.mlp]
+    return [getattr(mlp, name) for mlp in mlps]
 
 
 class GPT(nn.Module):
@@ -133,10 +158,10 @@ class GPT(nn.Module):
         for block in self.blocks:
             if scale is not None:
                 block.attn.qkv.weight[2 * cfg.d_model :].mul_(scale)  # the value projection
-                for lin in (block.attn.proj, block.mlp.fc, block.mlp.proj):
+                for lin in (block.attn.proj, *_mlp_linears(block, "fc"), *_mlp_linears(block, "proj")):
                     lin.weight.mul_(scale)
             if cfg.zero_init_residual:
-                for lin in (block.attn.proj, block.mlp.proj):
+                for lin in (block.attn.proj, *_mlp_linears(block, "proj")):
                     lin.weight.zero_()
 
     def embed(self, idx: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,197 @@
+"""Fault injection: does a monitor alarm before the loss diverges, and is it quiet on a clean run?
+
+One small training job (the built-in pre-LN GPT, d 64, 4 blocks, with a 4-expert MoE in every block, the synthetic
+LM, AdamW) runs clean and with each fault switched on at ``inject_at``:
+
+* ``attention_precision``: attention computed by hand with P and P V rounded by mantissa truncation
+  (round-toward-zero, the biased kind) to ``mantissa_bits`` in the forward and backward pass. BF16
+  keeps 7 bits; the default keeps none (powers of two), to make it act within a CPU-sized run.
+* ``lr_jump``: the learning rate multiplied by ``lr_factor`` from ``inject_at`` on.
+* ``router_collapse``: every router's logit for expert 0 raised by ``router_ramp`` x (steps since
+  injection), so routing collapses onto one expert.
+* ``grad_corruption``: one tensor's gradient (the first block's attention qkv weight) multiplied by
+  ``grad_factor`` (negative: ascent) before every optimizer step.
+
+The divergence label is the probe's (loss > 50, gradient norm > 500, or non-finite). A job stops at
+divergence. Every alarm is recorded; alarms before ``inject_at`` and all alarms of the clean run are
+false alarms. Warnings are recorded but do not count as alarms.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from rksp_cli.models.gpt import GPT, CausalSelfAttention, GPTConfig, MoE
+from rksp_cli.monitors import Alert, Monitor
+from rksp_cli.probe import _divergence
+from rksp_cli.tasks import make_task
+
+DEFAULT_EVERY = 50  # Monitor's default interval: the overhead is reported at it
+FAULTS = ("attention_precision", "lr_jump", "router_collapse", "grad_corruption")
+
+
+@dataclass(frozen=True)
+class FaultJob:
+    steps: int = 600
+    inject_at: int = 200
+    every: int = 10  # monitor interval: short runs need a short one
+    norm: str = "pre"  # quiet when clean: the no-norm GPT gave spectral alignment hundreds of false alarms
+    lr: float = 3e-3
+    batch_size: int = 16
+    seed: int = 0
+    mantissa_bits: int = 0
+    lr_factor: float = 100.0
+    router_ramp: float = 0.2
+    grad_factor: float = -100.0
+
+
+@dataclass
+class FaultRun:
+    fault: str | None
+    job: FaultJob
+    diverged_step: int | None
+    losses: list[float]
+    alerts: list[Alert]
+    step_seconds: float  # median training step, monitors excluded
+    monitor_seconds: dict[str, float]  # mean per check
+    checks: int
+    monitors: list[str] = field(default_factory=list)
+
+    def first_alarm(self, monitor: str) -> int | None:
+        steps = [a.step for a in self.alerts if a.monitor == monitor and a.level == "alarm" and self._after(a)]
+        return min(steps) if steps else None
+
+    def false_alarms(self, monitor: str) -> int:
+        return sum(1 for a in self.alerts if a.monitor == monitor and a.level == "alarm" and not self._after(a))
+
+    def _after(self, alert: Alert) -> bool:
+        return self.fault is not None and alert.step >= self.job.inject_at
+
+    def summary(self) -> list[dict[str, Any]]:
+        """One row per monitor: first alarm after injection, lead to divergence, false alarms."""
+        rows = []
+        for name in self.monitors:
+            first = self.first_alarm(name)
+            lead = self.diverged_step - first if first is not None and self.diverged_step is not None else None
+            rows.append({
+                "fault": self.fault or "clean", "monitor": name, "diverged_step": self.diverged_step,
+                "first_alarm": first, "lead_steps": lead,
+                "after_injection": first - self.job.inject_at if first is not None and self.fault else None,
+                "false_alarms": self.false_alarms(name),
+                "overhead_pct": 100 * self.monitor_seconds[name] / (DEFAULT_EVERY * self.step_seconds),
+            })  # fmt: skip
+        return rows
+
+
+def _truncate(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Round float32 toward zero to ``bits`` mantissa bits (a biased rounding, unlike round-to-nearest)."""
+    mask = -(1 << (23 - bits))  # keeps sign, exponent and the top ``bits`` mantissa bits
+    return (x.float().contiguous().view(torch.int32) & mask).view(torch.float32).to(x.dtype)
+
+
+class _Truncate(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, bits: int) -> torch.Tensor:
+        ctx.bits = bits
+        return _truncate(x, bits)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return _truncate(grad, ctx.bits), None
+
+
+def _low_precision_attention(attn: CausalSelfAttention, bits: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = attn.qkv(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, attn.n_heads, C // attn.n_heads).transpose(1, 2) for t in (q, k, v))
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+        causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+        p = _Truncate.apply(scores.masked_fill(~causal, float("-inf")).softmax(-1), bits)
+        y = _Truncate.apply(p @ v, bits)
+        return attn.proj(attn.sub_norm(y.transpose(1, 2).contiguous().view(B, T, C)))
+
+    return forward
+
+
+def run_fault(fault: str | None, job: FaultJob = FaultJob(), monitors: list[str] | None = None) -> FaultRun:
+    """Train the job with ``fault`` (None: clean) and record every alert."""
+    if fault is not None and fault not in FAULTS:
+        raise ValueError(f"unknown fault {fault!r}; choose from {', '.join(FAULTS)}")
+    torch.manual_seed(job.seed)
+    model = GPT(GPTConfig(norm=job.norm, n_experts=4))
+    task = make_task("synthetic_lm", model.cfg.vocab_size, model.cfg.seq_len)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=job.lr)
+    monitor = Monitor(model, every=job.every, monitors=monitors, seed=job.seed)
+    gen = torch.Generator().manual_seed(job.seed + 1)
+    corrupted = model.blocks[0].attn.qkv.weight
+    routers = [m.router for m in model.modules() if isinstance(m, MoE)]
+    handles = []
+    alerts: list[Alert] = []
+    losses: list[float] = []
+    step_times: list[float] = []
+    diverged_step = None
+    clock = {"step": 0}  # read by the router fault's hook
+    for step in range(job.steps):
+        clock["step"] = step
+        if step == job.inject_at:
+            handles = _inject(fault, job, model, optimizer, routers, clock)
+        t0 = time.perf_counter()
+        inputs, targets = task.batch(job.batch_size, gen)
+        _, loss = model(inputs, targets)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if fault == "grad_corruption" and step >= job.inject_at and corrupted.grad is not None:
+            corrupted.grad.mul_(job.grad_factor)
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), math.inf))
+        t1 = time.perf_counter()
+        alerts += monitor.step(step, loss=loss)
+        t2 = time.perf_counter()
+        losses.append(float(loss.detach()))
+        if _divergence(losses[-1], grad_norm, 50.0, 500.0):
+            diverged_step = step
+            break
+        optimizer.step()
+        step_times.append(time.perf_counter() - t2 + t1 - t0)
+    for handle in handles:
+        handle.remove()
+    monitor.remove()
+    checks = len(range(0, len(losses), job.every))
+    return FaultRun(
+        fault=fault,
+        job=job,
+        diverged_step=diverged_step,
+        losses=losses,
+        alerts=alerts,
+        step_seconds=sorted(step_times)[len(step_times) // 2] if step_times else math.nan,
+        monitor_seconds={name: s / checks for name, s in monitor.seconds.items()},
+        checks=checks,
+        monitors=monitor.names,
+    )
+
+
+def _inject(
+    fault: str | None, job: FaultJob, model: GPT, optimizer: torch.optim.Optimizer, routers: list, clock: dict
+) -> list:
+    if fault == "lr_jump":
+        for group in optimizer.param_groups:
+            group["lr"] *= job.lr_factor
+    elif fault == "attention_precision":
+        for m in model.modules():
+            if isinstance(m, CausalSelfAttention):
+                m.forward = _low_precision_attention(m, job.mantissa_bits)
+    elif fault == "router_collapse":
+
+        def push(module: Any, args: tuple, output: torch.Tensor) -> torch.Tensor:
+            bias = job.router_ramp * (clock["step"] - job.inject_at + 1)
+            return output + bias * F.one_hot(torch.tensor(0), output.shape[-1]).to(output)
+
+        return [r.register_forward_hook(push) for r in routers]
+    return []

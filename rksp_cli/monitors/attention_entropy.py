@@ -1,0 +1,116 @@
+"""Spectral entropy of the attention QK update (Monitors paper, arXiv 2606.28116; reference section 6.1).
+
+Signal: per head, the bilinear form M = W_Q W_K^T changes over delta steps by
+Delta_1 = Delta_2 + Delta_3 with the first-order term Delta_2 = dQ W_K^T + W_Q dK^T = A B^T,
+A = [dQ | W_Q], B = [W_K | dK] (weights at t - delta). Its singular values are those of the
+2 d_k x 2 d_k core R_A R_B^T from thin QRs of A and B (O(d d_k^2) per head, never a d x d matrix).
+The normalised entropy H = -sum p_i ln p_i / ln(2 d_k), p = s / sum(s), is high while updates spread
+over many directions and falls when they concentrate, the footprint of a coherent low-rank
+gradient error such as biased low-precision rounding in attention.
+
+Defaults (design choices): delta = 4 check intervals (200 steps at every=50); per layer, the mean
+over heads is scored against its own history by a robust z of the drop (median/MAD of up to 100
+earlier checks, none before 10); warning at z >= 4, alarm at z >= 4 on 3 consecutive checks. Grouped
+query attention pairs each query head with its key/value group.
+
+Memory: one copy of every layer's W_Q and W_K per check in the delta window.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from rksp_cli.monitors.base import Alert, Persistence, RobustDrift
+
+Z_ALARM, PATIENCE = 4.0, 3
+
+
+@dataclass
+class QKSite:
+    """Where one attention layer keeps W_Q and W_K, as (heads x d_k, d) row blocks."""
+
+    name: str
+    weights: Callable[[], tuple[torch.Tensor, torch.Tensor]]
+    n_heads: int
+    n_kv_heads: int
+
+
+def find_attention(model: nn.Module) -> list[QKSite]:
+    """The built-in GPT's fused qkv, or transformers-style q_proj / k_proj pairs."""
+    from rksp_cli.models.gpt import CausalSelfAttention
+
+    config = getattr(model, "config", None)
+    sites = []
+    for name, m in model.named_modules():
+        if isinstance(m, CausalSelfAttention):
+            d = m.qkv.in_features
+            sites.append(
+                QKSite(name, lambda m=m, d=d: (m.qkv.weight[:d], m.qkv.weight[d : 2 * d]), m.n_heads, m.n_heads)
+            )
+        elif isinstance(getattr(m, "q_proj", None), nn.Linear) and isinstance(getattr(m, "k_proj", None), nn.Linear):
+            heads = getattr(config, "num_attention_heads", None)
+            if heads is None:
+                continue
+            kv = getattr(config, "num_key_value_heads", None) or heads
+            sites.append(QKSite(name, lambda m=m: (m.q_proj.weight, m.k_proj.weight), heads, kv))
+    return sites
+
+
+def delta2_entropy(
+    q0: torch.Tensor, k0: torch.Tensor, q1: torch.Tensor, k1: torch.Tensor, n_heads: int, n_kv: int
+) -> torch.Tensor:
+    """Normalised spectral entropy of Delta_2 for every head, from weights at t - delta (0) and t (1)."""
+    d_k = q0.shape[0] // n_heads
+    group = n_heads // n_kv
+
+    def heads(w: torch.Tensor, n: int) -> torch.Tensor:  # (n, d, d_k)
+        return w.float().reshape(n, d_k, -1).transpose(1, 2)
+
+    WQ, dQ = heads(q0, n_heads), heads(q1 - q0, n_heads)
+    WK, dK = (heads(w, n_kv).repeat_interleave(group, dim=0) for w in (k0, k1 - k0))
+    R_A = torch.linalg.qr(torch.cat([dQ, WQ], dim=2)).R
+    R_B = torch.linalg.qr(torch.cat([WK, dK], dim=2)).R
+    s = torch.linalg.svdvals(R_A @ R_B.transpose(1, 2))
+    p = s / s.sum(dim=1, keepdim=True).clamp_min(1e-30)
+    return -(p * torch.log(p.clamp_min(1e-30))).sum(dim=1) / math.log(2 * d_k)
+
+
+class AttentionSpectralEntropy:
+    name = "attention_entropy"
+
+    def __init__(self, sites: list[QKSite], lag_checks: int = 4):
+        if not sites:
+            raise ValueError("attention spectral entropy found no W_Q / W_K pairs")
+        self.sites = sites
+        self.snapshots: deque[list[tuple[torch.Tensor, torch.Tensor]]] = deque(maxlen=lag_checks + 1)
+        self.drift = {s.name: RobustDrift(direction=-1) for s in sites}
+        self.persistence = Persistence(PATIENCE)
+
+    def check(self, step: int, loss: float | None = None) -> tuple[dict[str, float], list[Alert]]:
+        now = [tuple(w.detach().clone() for w in site.weights()) for site in self.sites]
+        self.snapshots.append(now)
+        if len(self.snapshots) < self.snapshots.maxlen:
+            return {}, []
+        base = self.snapshots[0]
+        metrics: dict[str, float] = {}
+        alerts: list[Alert] = []
+        for site, (q0, k0), (q1, k1) in zip(self.sites, base, now, strict=True):
+            h = delta2_entropy(q0, k0, q1, k1, site.n_heads, site.n_kv_heads)
+            mean = float(h.mean())
+            metrics[f"qk_entropy_mean/{site.name}"] = mean
+            metrics[f"qk_entropy_min/{site.name}"] = float(h.min())
+            z = self.drift[site.name].score(mean)
+            breached = z is not None and z >= Z_ALARM
+            if self.persistence.update(site.name, breached):
+                reason = f"QK-update spectral entropy {mean:.3f} fell {z:.1f} robust sd for {PATIENCE} checks"
+                alerts.append(Alert(step, self.name, site.name, z, Z_ALARM, "alarm", reason))
+            elif breached:
+                reason = f"QK-update spectral entropy {mean:.3f} fell {z:.1f} robust sd below its history"
+                alerts.append(Alert(step, self.name, site.name, z, Z_ALARM, "warning", reason))
+        return metrics, alerts

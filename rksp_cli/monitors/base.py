@@ -1,0 +1,59 @@
+"""What every monitor shares: the alert record, robust drift scores and persistence counters."""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from dataclasses import asdict, dataclass
+from typing import Any
+
+MAD_TO_SIGMA = 1.4826  # median absolute deviation of a normal sample, in standard deviations
+
+
+@dataclass(frozen=True)
+class Alert:
+    step: int
+    monitor: str
+    layer: str | None  # the module that tripped it; None for whole-model signals
+    value: float
+    threshold: float
+    level: str  # "warning" (worth a look) or "alarm" (act)
+    reason: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class RobustDrift:
+    """Robust z-score of a new value against the history of earlier checks (median / MAD).
+
+    ``direction`` -1 scores drops, +1 rises. No score until ``min_history`` checks exist, which
+    doubles as a warm-up blackout; the MAD is floored at ``floor`` x |median| so that a signal that
+    has been flat to the last digit does not turn a rounding wiggle into a huge z.
+    """
+
+    def __init__(self, direction: int, window: int = 100, min_history: int = 10, floor: float = 0.01):
+        self.direction, self.min_history, self.floor = direction, min_history, floor
+        self.history: deque[float] = deque(maxlen=window)
+
+    def score(self, value: float) -> float | None:
+        z = None
+        if len(self.history) >= self.min_history:
+            median = statistics.median(self.history)
+            mad = statistics.median(abs(v - median) for v in self.history)
+            scale = MAD_TO_SIGMA * max(mad, self.floor * abs(median), 1e-12)
+            z = self.direction * (value - median) / scale
+        self.history.append(value)
+        return z
+
+
+class Persistence:
+    """Counts consecutive breaches per key: an alarm needs ``patience`` checks in a row."""
+
+    def __init__(self, patience: int):
+        self.patience = patience
+        self.runs: dict[str, int] = {}
+
+    def update(self, key: str, breached: bool) -> bool:
+        self.runs[key] = self.runs.get(key, 0) + 1 if breached else 0
+        return self.runs[key] >= self.patience

@@ -1,0 +1,147 @@
+"""R-Metric (EMNLP 2025 Industry Track; reference section 7): R = 0.10 l + 0.45 s2 + 0.70 dL.
+
+Components, each normalised over the last 100 checks:
+
+* l: hardware events since the previous check, measured, never simulated: step-time stragglers
+  (a step slower than 3x the median of the last 50), and on NVIDIA GPUs (with ``pynvml``) new
+  volatile ECC errors, PCIe replays and hardware/thermal slowdown reasons. No GPU: stragglers only.
+* s2: variance across parameter tensors of their gradient L2 norms (read before clipping).
+* dL: |loss - mean of the last <= 10 checked losses|, 10 when the loss is non-finite.
+
+``variant="published"`` is the paper's rule: min-max normalisation over the window (the current
+check included) and an alert at R > 0.57. Its known weakness (reference, caveat 3): any new local
+maximum maps to 1, so the fast loss drop of early training alone gives R >= 0.70.
+``variant="robust"`` (the default) keeps the weights and the 0.57 line but maps each component to
+clip(z / 8, 0, 1), z its robust upward z-score (median/MAD over the window, none before 10 checks,
+which is also the warm-up blackout). dL alone then alerts from z >= 6.5, and a steady loss
+decrease does not.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections import deque
+from typing import Literal
+
+import torch
+from torch import nn
+
+from rksp_cli.monitors.base import Alert, RobustDrift
+
+WEIGHTS = {"lambda": 0.10, "sigma2": 0.45, "dloss": 0.70}
+THRESHOLD, WINDOW, Z_FULL = 0.57, 100, 8.0
+STRAGGLER_FACTOR, STEP_WINDOW = 3.0, 50
+
+
+class HardwareEvents:
+    """Counts real fault events between calls of ``take``; ``tick`` once per training step."""
+
+    def __init__(self) -> None:
+        self.step_times: deque[float] = deque(maxlen=STEP_WINDOW)
+        self.last_tick: float | None = None
+        self.pending = 0
+        self.nvml = _nvml_counters()
+        self.nvml_last = self.nvml() if self.nvml else 0
+
+    def tick(self) -> None:
+        now = time.perf_counter()
+        if self.last_tick is not None:
+            dt = now - self.last_tick
+            if len(self.step_times) >= 10 and dt > STRAGGLER_FACTOR * statistics.median(self.step_times):
+                self.pending += 1
+            self.step_times.append(dt)
+        self.last_tick = now
+
+    def take(self) -> int:
+        events, self.pending = self.pending, 0
+        if self.nvml:
+            total = self.nvml()
+            events += total - self.nvml_last
+            self.nvml_last = total
+        return events
+
+
+def _nvml_counters():
+    """A function summing the GPU's fault counters, or None where NVML is not available."""
+    if not torch.cuda.is_available():
+        return None
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+    except Exception:  # no pynvml, or a driver without NVML: stragglers only
+        return None
+    slowdown = pynvml.nvmlClocksThrottleReasonHwSlowdown | pynvml.nvmlClocksThrottleReasonSwThermalSlowdown
+
+    def counters() -> int:
+        total = 0
+        for read in (
+            lambda: pynvml.nvmlDeviceGetTotalEccErrors(
+                handle, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC
+            ),
+            lambda: pynvml.nvmlDeviceGetPcieReplayCounter(handle),
+            lambda: int(bool(pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle) & slowdown)),
+        ):
+            try:
+                total += int(read())
+            except Exception:  # a counter this GPU does not support
+                pass
+        return total
+
+    return counters
+
+
+def gradient_norm_variance(model: nn.Module) -> float:
+    norms = [p.grad.detach().float().norm() for p in model.parameters() if p.grad is not None]
+    if len(norms) < 2:
+        return 0.0
+    return float(torch.stack(norms).var(unbiased=False))
+
+
+class RMetric:
+    name = "r_metric"
+
+    def __init__(self, model: nn.Module, variant: Literal["robust", "published"] = "robust"):
+        if variant not in ("robust", "published"):
+            raise ValueError(f"variant must be 'robust' or 'published', got {variant!r}")
+        self.model, self.variant = model, variant
+        self.events = HardwareEvents()
+        self.losses: deque[float] = deque(maxlen=10)
+        self.history = {k: deque(maxlen=WINDOW) for k in WEIGHTS}
+        self.drift = {k: RobustDrift(direction=1, window=WINDOW) for k in WEIGHTS}
+
+    def tick(self) -> None:
+        self.events.tick()
+
+    def check(self, step: int, loss: float | None) -> tuple[dict[str, float], list[Alert]]:
+        if loss is None:
+            return {}, []
+        if math.isfinite(loss):
+            dloss = abs(loss - statistics.fmean(self.losses)) if self.losses else 0.0
+            self.losses.append(loss)
+        else:
+            dloss = 10.0
+        raw = {"lambda": float(self.events.take()), "sigma2": gradient_norm_variance(self.model), "dloss": dloss}
+        scaled = {k: self._normalise(k, v) for k, v in raw.items()}
+        r = sum(WEIGHTS[k] * scaled[k] for k in WEIGHTS)
+        metrics = {f"r_{k}": v for k, v in raw.items()} | {"r_metric": r}
+        alerts = []
+        if r > THRESHOLD:
+            main = max(WEIGHTS, key=lambda k: WEIGHTS[k] * scaled[k])
+            reason = f"R {r:.2f} > {THRESHOLD} ({self.variant}), mostly {main} = {raw[main]:.3g}"
+            alerts.append(Alert(step, self.name, None, r, THRESHOLD, "alarm", reason))
+        return metrics, alerts
+
+    def _normalise(self, key: str, value: float) -> float:
+        if not math.isfinite(value):  # a non-finite gradient is as abnormal as it gets; keep it out of history
+            return 1.0
+        if self.variant == "robust":
+            z = self.drift[key].score(value)
+            return min(max((z or 0.0) / Z_FULL, 0.0), 1.0)
+        window = self.history[key]
+        window.append(value)
+        lo, hi = min(window), max(window)
+        return (value - lo) / (hi - lo) if hi > lo else 0.0

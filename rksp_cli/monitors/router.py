@@ -1,0 +1,112 @@
+"""MoE router health (Monitors paper, arXiv 2606.28116; reference section 6.2).
+
+Signals, for a router W_R (E x d) with rows w_e and token inputs x:
+
+* routing entropy H_tok = mean_x -sum_e p_e ln p_e with p = softmax(W_R x) before top-k (per token,
+  not the entropy of expert load): falls when routing turns over-confident;
+* similarity S = mean_{i<j} cos(w_i, w_j): rises when experts become redundant;
+* conditioning of the centred router W_R - 1 mu^T (softmax ignores a common shift): logged.
+
+Alarm rule (design choice): H_tok's drop or S's rise at a robust z >= 4 against the layer's own
+history (median/MAD of up to 100 earlier checks, none before 10), warning at once and alarm after
+3 consecutive checks. Inputs come from a forward pre-hook on check steps, up to 2048 tokens.
+
+Routers found: the built-in GPT's ``MoE.router``, and transformers modules named ``gate`` or
+``router`` whose weight has one row per expert (config ``num_local_experts`` or ``num_experts``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from rksp_cli.monitors.base import Alert, Persistence, RobustDrift
+
+Z_ALARM, PATIENCE = 4.0, 3
+
+
+def find_routers(model: nn.Module) -> dict[str, nn.Module]:
+    from rksp_cli.models.gpt import MoE
+
+    config = getattr(model, "config", None)
+    experts = getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None)
+    routers = {}
+    for name, m in model.named_modules():
+        if isinstance(m, MoE):
+            routers[f"{name}.router"] = m.router
+        elif experts and name.rsplit(".", 1)[-1] in ("gate", "router"):
+            weight = getattr(m, "weight", None)
+            if isinstance(weight, torch.Tensor) and weight.dim() == 2 and weight.shape[0] == experts:
+                routers[name] = m
+    return routers
+
+
+@dataclass
+class RouterStats:
+    entropy: float
+    similarity: float
+    condition: float
+    norm: float
+
+
+def router_stats(weight: torch.Tensor, x: torch.Tensor) -> RouterStats:
+    W = weight.detach().float()
+    p = torch.softmax(x @ W.T, dim=-1)
+    entropy = float(-(p * torch.log(p.clamp_min(1e-30))).sum(-1).mean())
+    unit = W / W.norm(dim=1, keepdim=True).clamp_min(1e-30)
+    cos = unit @ unit.T
+    E = W.shape[0]
+    similarity = float((cos.sum() - cos.diagonal().sum()) / (E * (E - 1))) if E > 1 else 1.0
+    s = torch.linalg.svdvals(W - W.mean(0, keepdim=True))[: max(E - 1, 1)]  # the E-1 non-zero ones
+    return RouterStats(entropy, similarity, float(s[0] / s[-1].clamp_min(1e-30)), float(s[0]))
+
+
+class RouterHealth:
+    name = "router"
+
+    def __init__(self, routers: dict[str, nn.Module], tokens: int = 2048, seed: int = 0):
+        if not routers:
+            raise ValueError("router health found no MoE routers")
+        self.routers, self.tokens = routers, tokens
+        self.armed = True
+        self.generator = torch.Generator().manual_seed(seed)
+        self._inputs: dict[str, torch.Tensor] = {}
+        self.drift = {(n, k): RobustDrift(d) for n in routers for k, d in (("entropy", -1), ("similarity", 1))}
+        self.persistence = Persistence(PATIENCE)
+        self._handles = [m.register_forward_pre_hook(self._hook(n)) for n, m in routers.items()]
+
+    def _hook(self, name: str):
+        def hook(module: nn.Module, args: tuple) -> None:
+            if self.armed:
+                x = args[0].detach().reshape(-1, args[0].shape[-1])
+                if x.shape[0] > self.tokens:
+                    x = x[torch.randperm(x.shape[0], generator=self.generator)[: self.tokens].to(x.device)]
+                self._inputs[name] = x.float()
+
+        return hook
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+    def check(self, step: int, loss: float | None = None) -> tuple[dict[str, float], list[Alert]]:
+        inputs, self._inputs = self._inputs, {}
+        metrics: dict[str, float] = {}
+        alerts: list[Alert] = []
+        for name, x in inputs.items():
+            stats = router_stats(self.routers[name].weight, x)
+            metrics.update({f"router_{k}/{name}": v for k, v in vars(stats).items()})
+            for key, verb in (("entropy", "fell"), ("similarity", "rose")):
+                value = getattr(stats, key)
+                z = self.drift[(name, key)].score(value)
+                breached = z is not None and z >= Z_ALARM
+                what = "routing entropy" if key == "entropy" else "expert similarity"
+                if self.persistence.update(f"{name}:{key}", breached):
+                    reason = f"{what} {value:.3f} {verb} {z:.1f} robust sd for {PATIENCE} checks"
+                    alerts.append(Alert(step, self.name, name, z, Z_ALARM, "alarm", reason))
+                elif breached:
+                    reason = f"{what} {value:.3f} {verb} {z:.1f} robust sd from its history"
+                    alerts.append(Alert(step, self.name, name, z, Z_ALARM, "warning", reason))
+        return metrics, alerts

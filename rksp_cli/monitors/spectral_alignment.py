@@ -1,0 +1,118 @@
+"""Spectral Alignment (SA paper, arXiv 2510.04202; method reference section 5).
+
+Signal: for a linear layer with top right-singular vector v1 and token inputs x_t, the sign of
+SA(x_t) = <x_t, v1> / |x_t|. The binary entropy H_s of the fraction p+ of positive signs is ~1 bit
+while the inputs spread on both sides of v1, and falls towards 0 when they collapse onto one side,
+the state in which a consistently signed gradient error grows sigma_1 step after step.
+
+Defaults (the reference's design choices): every linear layer inside the residual blocks; up to
+2048 sampled input tokens per matrix from a forward pre-hook on check steps only; v1 by 3 warm-started
+power iterations in float32, its sign anchored to the previous check's (flip when <v1_new, v1_old> < 0);
+warning at H_s < 0.8 bit, alarm at H_s < 0.5 bit on 3 consecutive checks.
+
+Skipped layers: a layer whose inputs already had H_s below the warning line at its first check
+(for instance a projection fed by GELU outputs, which are mostly positive: its inputs share a
+mean direction that v1 can align with at init) is reported in ``metrics`` but never alerts, since
+a collapse cannot be told from how it started. That choice is ours; the paper does not say.
+
+Cost per check and matrix: 3 power iterations (6 d_out d_in FLOPs each) plus N d_in for the cosines.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from rksp_cli.monitors.base import Alert, Persistence
+
+WARNING_BITS, ALARM_BITS, PATIENCE = 0.8, 0.5, 3
+
+
+def sign_entropy(p: float) -> float:
+    """Binary entropy in bits."""
+    if p <= 0.0 or p >= 1.0:
+        return 0.0
+    return -(p * math.log2(p) + (1 - p) * math.log2(1 - p))
+
+
+class SpectralAlignment:
+    name = "spectral_alignment"
+
+    def __init__(self, blocks: Sequence[nn.Module], tokens: int = 2048, iterations: int = 3, seed: int = 0):
+        self.tokens, self.iterations = tokens, iterations
+        self.layers = {
+            f"{i}.{name}": module
+            for i, block in enumerate(blocks)
+            for name, module in block.named_modules()
+            if isinstance(module, nn.Linear)
+        }
+        if not self.layers:
+            raise ValueError("spectral alignment found no nn.Linear layers in the blocks")
+        self.armed = True
+        self.generator = torch.Generator().manual_seed(seed)
+        self._inputs: dict[str, torch.Tensor] = {}
+        self._v: dict[str, torch.Tensor] = {}
+        self.exempt: set[str] = set()  # collapsed from the first check on: reported, never alerting
+        self.persistence = Persistence(PATIENCE)
+        self._handles = [m.register_forward_pre_hook(self._hook(name)) for name, m in self.layers.items()]
+
+    def _hook(self, name: str):
+        def hook(module: nn.Module, args: tuple) -> None:
+            if not self.armed:
+                return
+            x = args[0].detach().reshape(-1, args[0].shape[-1])
+            if x.shape[0] > self.tokens:
+                x = x[torch.randperm(x.shape[0], generator=self.generator)[: self.tokens].to(x.device)]
+            self._inputs[name] = x.float()
+
+        return hook
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+    def top_right_vector(self, name: str) -> torch.Tensor:
+        W = self.layers[name].weight.detach().float()
+        v = self._v.get(name)
+        fresh = v is None
+        if fresh:
+            v = torch.randn(W.shape[1], generator=self.generator).to(W.device)
+        for _ in range(self.iterations * (4 if fresh else 1)):  # a cold start gets more iterations
+            u = W @ v
+            u = u / u.norm().clamp_min(1e-30)
+            v = W.T @ u
+            v = v / v.norm().clamp_min(1e-30)
+        if not fresh and torch.dot(v, self._v[name]) < 0:
+            v = -v  # anchor the arbitrary sign so that p+ is comparable across checks
+        self._v[name] = v
+        return v
+
+    def check(self, step: int, loss: float | None = None) -> tuple[dict[str, float], list[Alert]]:
+        inputs, self._inputs = self._inputs, {}
+        metrics: dict[str, float] = {}
+        alerts: list[Alert] = []
+        first = not self.persistence.runs
+        for name, x in inputs.items():
+            v = self.top_right_vector(name)
+            cos = (x @ v) / x.norm(dim=1).clamp_min(1e-30)
+            p = float((cos > 0).float().mean())
+            h = sign_entropy(p)
+            metrics[f"sa_entropy/{name}"] = h
+            if first and h < WARNING_BITS:
+                self.exempt.add(name)
+            if name in self.exempt:
+                self.persistence.update(name, False)
+                continue
+            if self.persistence.update(name, h < ALARM_BITS):
+                reason = f"sign entropy {h:.2f} bit < {ALARM_BITS} for {PATIENCE} checks (p+ {p:.2f}): inputs collapsed"
+                alerts.append(Alert(step, self.name, name, h, ALARM_BITS, "alarm", reason))
+            elif h < WARNING_BITS:
+                reason = f"sign entropy {h:.2f} bit < {WARNING_BITS} (p+ {p:.2f})"
+                alerts.append(Alert(step, self.name, name, h, WARNING_BITS, "warning", reason))
+        if metrics:
+            watched = [v for k, v in metrics.items() if k.split("/", 1)[1] not in self.exempt]
+            metrics["sa_entropy_min"] = min(watched) if watched else math.nan
+        return metrics, alerts

@@ -1,0 +1,183 @@
+"""In-training monitors: each signal responds to the failure it is built for, and stays quiet otherwise."""
+
+import json
+import math
+
+import pytest
+import torch
+from torch import nn
+from typer.testing import CliRunner
+
+from rksp_cli.cli import app
+from rksp_cli.faults import FaultJob, run_fault
+from rksp_cli.models.gpt import GPT, GPTConfig
+from rksp_cli.monitors import Monitor
+from rksp_cli.monitors.attention_entropy import AttentionSpectralEntropy, delta2_entropy, find_attention
+from rksp_cli.monitors.r_metric import RMetric
+from rksp_cli.monitors.router import router_stats
+from rksp_cli.monitors.spectral_alignment import SpectralAlignment, sign_entropy
+from rksp_cli.watch import read_log
+from tests.conftest import hf_config
+
+
+def test_sign_entropy_is_one_bit_when_balanced_and_zero_when_collapsed():
+    assert sign_entropy(0.5) == pytest.approx(1.0)
+    assert sign_entropy(0.0) == sign_entropy(1.0) == 0.0
+    assert sign_entropy(0.11) < 0.5 < sign_entropy(0.24) < 0.8 < sign_entropy(0.3)
+
+
+def test_spectral_alignment_alarms_after_three_collapsed_checks_only():
+    torch.manual_seed(0)
+    layer = nn.Linear(16, 16)
+    sa = SpectralAlignment([nn.Sequential(layer)])
+    levels = []
+    for check in range(6):
+        x = torch.randn(512, 16)
+        if check >= 2:  # inputs pushed to one side of the top singular direction
+            v1 = torch.linalg.svd(layer.weight.detach()).Vh[0]
+            x = x + 8 * v1 * torch.sign(x @ v1).mean().sign()
+        sa.armed = True
+        layer(x)
+        _, alerts = sa.check(check)
+        levels.append([a.level for a in alerts])
+    assert levels[:2] == [[], []]
+    assert levels[2] == levels[3] == ["warning"] and levels[4] == levels[5] == ["alarm"]
+
+
+def test_delta2_entropy_matches_the_full_matrix_with_grouped_query_heads():
+    torch.manual_seed(0)
+    d, d_k, heads, kv = 24, 4, 4, 2
+    q0, k0 = torch.randn(heads * d_k, d), torch.randn(kv * d_k, d)
+    q1, k1 = q0 + 0.1 * torch.randn_like(q0), k0 + 0.1 * torch.randn_like(k0)
+    fast = delta2_entropy(q0, k0, q1, k1, heads, kv)
+    for h in range(heads):
+        g = h // (heads // kv)
+        WQ, dQ = q0[h * d_k : (h + 1) * d_k].T, (q1 - q0)[h * d_k : (h + 1) * d_k].T
+        WK, dK = k0[g * d_k : (g + 1) * d_k].T, (k1 - k0)[g * d_k : (g + 1) * d_k].T
+        s = torch.linalg.svdvals(dQ @ WK.T + WQ @ dK.T)[: 2 * d_k]
+        p = s / s.sum()
+        assert fast[h] == pytest.approx(float(-(p * p.log()).sum() / math.log(2 * d_k)), abs=1e-5)
+
+
+def test_attention_entropy_alarms_when_updates_turn_low_rank():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layers=1))
+    monitor = AttentionSpectralEntropy(find_attention(model), lag_checks=1)
+    qkv = model.blocks[0].attn.qkv.weight
+    u, v = torch.randn(qkv.shape[0], 1), torch.randn(1, qkv.shape[1])
+    levels = []
+    for check in range(20):
+        with torch.no_grad():
+            qkv += 1e-3 * (u @ v if check >= 14 else torch.randn_like(qkv))  # rank 1 from check 14 on
+        levels.append({a.level for a in monitor.check(check)[1]})
+    assert not set().union(*levels[:14])
+    assert "alarm" in set().union(*levels[14:])
+
+
+def test_router_statistics():
+    weight = torch.randn(1, 8).repeat(4, 1)  # four identical experts
+    stats = router_stats(weight, torch.randn(64, 8))
+    assert stats.similarity == pytest.approx(1.0)
+    assert stats.entropy == pytest.approx(math.log(4), abs=1e-5)  # identical logits: uniform routing
+    peaked = router_stats(torch.eye(4, 8) * 50, torch.eye(8)[:4])
+    assert peaked.entropy < 0.01
+
+
+def test_published_r_metric_false_alarms_on_a_falling_loss_and_the_robust_one_does_not():
+    model = nn.Linear(4, 4)
+    model.weight.grad = torch.ones(4, 4)
+    model.bias.grad = torch.ones(4)
+    losses = [5.0 * 0.97**t for t in range(60)]
+    alerts = {}
+    for variant in ("published", "robust"):
+        metric = RMetric(model, variant=variant)
+        alerts[variant] = sum(len(metric.check(t, loss)[1]) for t, loss in enumerate(losses))
+        assert metric.check(60, math.nan)[1], "a non-finite loss always alerts"
+    assert alerts["published"] > 0 and alerts["robust"] == 0
+
+
+@pytest.mark.parametrize(
+    ("make", "expected"),
+    [
+        (lambda: GPT(GPTConfig(n_layers=2)), ["spectral_alignment", "attention_entropy", "r_metric"]),
+        (
+            lambda: GPT(GPTConfig(n_layers=2, n_experts=4)),
+            ["spectral_alignment", "attention_entropy", "router", "r_metric"],
+        ),
+        ("llama", ["spectral_alignment", "attention_entropy", "r_metric"]),
+        ("mixtral", ["spectral_alignment", "attention_entropy", "router", "r_metric"]),
+    ],
+)
+def test_monitor_picks_the_monitors_that_apply(make, expected):
+    from transformers import AutoModel
+
+    model = AutoModel.from_config(hf_config(make)) if isinstance(make, str) else make()
+    assert Monitor(model).names == expected
+
+
+def test_monitor_log_is_read_back_and_watched(tmp_path):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layers=2, n_experts=2))
+    log = tmp_path / "metrics.jsonl"
+    mon = Monitor(model, every=2, log=log)
+    for step in range(6):
+        ids = torch.randint(0, 103, (4, 16))
+        _, loss = model(ids, ids)
+        loss.backward()
+        mon.step(step, loss=loss)
+    lines = log.read_text().splitlines()
+    assert json.loads(lines[0])["event"] == "start" and len(lines) == 1 + 3  # checks at steps 0, 2, 4
+    with log.open("a") as f:
+        f.write('{"step": 6, "metr')  # a line the job is still writing
+    parsed = read_log(log)
+    assert [c["step"] for c in parsed.checks] == [0, 2, 4] and parsed.unreadable == 0
+    assert len(parsed.series("sa_entropy_min", min)) == 3
+    result = CliRunner().invoke(app, ["watch", str(log), "--once"])
+    assert result.exit_code == 0, result.output
+    assert "spectral alignment" in result.output and "router token entropy" in result.output
+    missing = CliRunner().invoke(app, ["watch", str(tmp_path / "nope.jsonl"), "--once"])
+    assert missing.exit_code == 2 and "nope.jsonl" in missing.output
+
+
+def test_fault_harness_labels_the_run_and_reports_per_monitor():
+    job = FaultJob(steps=40, inject_at=20, every=5, lr_factor=1000.0)
+    run = run_fault("lr_jump", job, monitors=["r_metric"])
+    assert run.diverged_step is not None and run.diverged_step >= job.inject_at
+    (row,) = run.summary()
+    assert row["monitor"] == "r_metric" and row["fault"] == "lr_jump" and row["overhead_pct"] >= 0
+    with pytest.raises(ValueError, match="unknown fault"):
+        run_fault("cosmic_ray", job)
+
+
+def test_faults_cli_rejects_unknown_faults():
+    result = CliRunner().invoke(app, ["faults", "--fault", "cosmic_ray"])
+    assert result.exit_code == 2 and "cosmic_ray" in result.output
+
+
+def test_trainer_callback_logs_monitor_metrics(tmp_path):
+    from transformers import AutoModelForCausalLM, Trainer, TrainerCallback, TrainingArguments
+
+    from rksp_cli.hf_trainer import attach_monitor
+
+    class Reporter(TrainerCallback):  # stands in for TensorBoard / W&B: sees what they would log
+        seen: list = []
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            self.seen.append(dict(logs))
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(hf_config("llama"))
+    ids = torch.randint(0, 96, (16, 32), generator=torch.Generator().manual_seed(0))
+    args = TrainingArguments(
+        output_dir=str(tmp_path), max_steps=4, per_device_train_batch_size=4, report_to=[],
+        save_strategy="no", logging_steps=2, use_cpu=True, seed=0,
+    )  # fmt: skip
+    data = [{"input_ids": r, "labels": r} for r in ids]
+    trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[Reporter])
+    callback = attach_monitor(trainer, every=2, log=tmp_path / "m.jsonl")
+    trainer.train()
+    checks = read_log(tmp_path / "m.jsonl").checks
+    assert [c["step"] for c in checks] == [0, 2] and all(math.isfinite(c["loss"]) for c in checks)
+    logged = [entry for entry in Reporter.seen if "loss" in entry]
+    assert logged and all("rksp/r_metric" in entry for entry in logged)
+    assert callback.monitor.names == ["spectral_alignment", "attention_entropy", "r_metric"]
