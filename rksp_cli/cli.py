@@ -76,6 +76,8 @@ def screen(
     ] = None,
     profile: Annotated[bool, typer.Option("--profile", help="Print where the time went, per layer.")] = False,
     device: Annotated[str, typer.Option("--device", help="cpu or cuda[:N] for the forward pass and the DMD.")] = "cpu",
+    report: Annotated[Path | None, typer.Option("--report", help="Write a self-contained HTML report (.html).")] = None,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write the eigenvalue figure alone (.png).")] = None,
 ) -> None:
     """Profile the residual stream at init and score the risk that training diverges."""
     from rksp_cli import render
@@ -86,6 +88,8 @@ def screen(
 
     if json_ and csv:
         _fail(InputError("--json and --csv are exclusive: pick one output format"))
+    _check_suffix("--report", report, ".html")
+    _check_suffix("--plot", plot, ".png")
     try:
         spec = load_spec(path, set_)
         options = BuildOptions(allow_pickle=allow_pickle, stream=stream, device=device)
@@ -105,6 +109,7 @@ def screen(
         render.render(result, out)
     if profile:
         render.render_profile(result, err if json_ or csv else out)
+    _write_figures(result, risk_model, report, plot, err if json_ or csv else out)
     if fail_above is not None and result.risk.risk > fail_above:
         if not json_ and not csv:
             err.print(f"[red]gate: risk {result.risk.risk:.2f} is above --fail-above {fail_above}[/red]")
@@ -154,10 +159,13 @@ def sweep(
     heatmap: Annotated[
         str | None, typer.Option("--heatmap", help="Two axes for the risk heatmap, e.g. training.lr,model.norm.")
     ] = None,
+    report: Annotated[
+        bool, typer.Option("--report", help="Also write an HTML report beside the results (<out>-report.html).")
+    ] = False,
 ) -> None:
     """Screen (and with --probe, label) every point of a grid; rerun the same command to resume."""
     from rksp_cli import render
-    from rksp_cli.report import risk_heatmap, sweep_axes
+    from rksp_cli.report import heatmap_figure, save_png, sweep_axes, sweep_html, write_html
     from rksp_cli.sweep import load_grid, run_sweep
 
     if backend not in ("local", "ray"):
@@ -176,10 +184,13 @@ def sweep(
         [f"config.{a.strip().removeprefix('config.')}" for a in heatmap.split(",")] if heatmap else sweep_axes(ok)[:2]
     )
     if "risk" in ok and len(axes) == 2 and all(a in ok for a in axes):
-        png = risk_heatmap(ok, axes[0], axes[1], out_path.with_name(out_path.stem + "-heatmap.png"))
+        png = save_png(heatmap_figure(ok, axes[0], axes[1]), out_path.with_name(out_path.stem + "-heatmap.png"))
         out.print(f"heatmap: {png}")
     elif heatmap:
         err.print(f"[yellow]no heatmap: {heatmap} are not two columns of the results[/yellow]")
+    if report:
+        page = write_html(out_path.with_name(out_path.stem + "-report.html"), sweep_html(frame, axes, grid))
+        out.print(f"report: {page}")
 
 
 @app.command()
@@ -277,6 +288,53 @@ def watch(
         _fail(exc)
     except KeyboardInterrupt:
         pass
+
+
+@app.command()
+def compare(
+    before: Annotated[Path, typer.Argument(help="Screen result (.json from rksp screen --json), before.")],
+    after: Annotated[Path, typer.Argument(help="Screen result (.json), after.")],
+    format_: Annotated[str, typer.Option("--format", help="table, or markdown (for a CI comment).")] = "table",
+    report: Annotated[Path | None, typer.Option("--report", help="Also write the comparison as HTML.")] = None,
+) -> None:
+    """What changed between two screens: verdict, risk, edge, features and config."""
+    from rksp_cli import render
+    from rksp_cli.compare import compare_screens
+    from rksp_cli.report import compare_html, write_html
+
+    if format_ not in ("table", "markdown"):
+        _fail(InputError(f"--format: expected table or markdown, got {format_!r}"))
+    _check_suffix("--report", report, ".html")
+    try:
+        comparison = compare_screens(before, after)
+    except InputError as exc:
+        _fail(exc)
+    markdown = render.comparison_markdown(comparison)
+    if format_ == "markdown":
+        typer.echo(markdown, nl=False)
+    else:
+        render.render_comparison(comparison, out)
+    if report is not None:
+        write_html(report, compare_html(comparison, markdown))
+        err.print(f"report: {report}")
+
+
+def _check_suffix(option: str, path: Path | None, suffix: str) -> None:
+    if path is not None and path.suffix.lower() != suffix:
+        _fail(InputError(f"{option} {path}: expected a {suffix} path"))
+
+
+def _write_figures(
+    result: object, risk_model: object, report: Path | None, plot: Path | None, console: Console
+) -> None:
+    from rksp_cli.report import eigenvalue_figure, save_png, screen_html, spectra_layers, write_html
+
+    if report is not None:
+        write_html(report, screen_html(result, risk_model))
+        console.print(f"report: {report}")
+    if plot is not None:
+        save_png(eigenvalue_figure(spectra_layers(result)), plot)
+        console.print(f"plot: {plot}")
 
 
 @contextmanager

@@ -3,14 +3,16 @@
 One small training job (the built-in pre-LN GPT, d 64, 4 blocks, with a 4-expert MoE in every block, the synthetic
 LM, AdamW) runs clean and with each fault switched on at ``inject_at``:
 
-* ``attention_precision``: attention computed by hand with P and P V rounded by mantissa truncation
-  (round-toward-zero, the biased kind) to ``mantissa_bits`` in the forward and backward pass. BF16
-  keeps 7 bits; the default keeps none (powers of two), to make it act within a CPU-sized run.
+* ``attention_precision``: attention computed by hand with P and P V rounded toward +infinity (a
+  biased rounding: every error has the same sign, as with the tied-maximum rounding bias behind
+  low-precision flash-attention failures) to ``mantissa_bits`` in the forward and backward pass.
+  BF16 keeps 7 bits; the default keeps 3, to make it act within a CPU-sized run.
 * ``lr_jump``: the learning rate multiplied by ``lr_factor`` from ``inject_at`` on.
 * ``router_collapse``: every router's logit for expert 0 raised by ``router_ramp`` x (steps since
   injection), so routing collapses onto one expert.
-* ``grad_corruption``: one tensor's gradient (the first block's attention qkv weight) multiplied by
-  ``grad_factor`` (negative: ascent) before every optimizer step.
+* ``grad_corruption``: a fixed rank-one sign pattern of size ``grad_offset`` added to one tensor's
+  gradient (the first block's attention qkv weight) before every optimizer step: a stuck,
+  consistently signed error that AdamW turns into a steady drift of that weight.
 
 The divergence label is the probe's (loss > 50, gradient norm > 500, or non-finite). A job stops at
 divergence. Every alarm is recorded; alarms before ``inject_at`` and all alarms of the clean run are
@@ -46,10 +48,10 @@ class FaultJob:
     lr: float = 3e-3
     batch_size: int = 16
     seed: int = 0
-    mantissa_bits: int = 0
+    mantissa_bits: int = 3
     lr_factor: float = 100.0
     router_ramp: float = 0.2
-    grad_factor: float = -100.0
+    grad_offset: float = 1e-2
 
 
 @dataclass
@@ -90,21 +92,21 @@ class FaultRun:
         return rows
 
 
-def _truncate(x: torch.Tensor, bits: int) -> torch.Tensor:
-    """Round float32 toward zero to ``bits`` mantissa bits (a biased rounding, unlike round-to-nearest)."""
-    mask = -(1 << (23 - bits))  # keeps sign, exponent and the top ``bits`` mantissa bits
-    return (x.float().contiguous().view(torch.int32) & mask).view(torch.float32).to(x.dtype)
+def round_up(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Round toward +infinity to ``bits`` mantissa bits: every error has the same sign (biased rounding)."""
+    ulp = torch.exp2(torch.floor(torch.log2(x.abs().clamp_min(1e-30))) - bits)
+    return torch.ceil(x / ulp) * ulp
 
 
-class _Truncate(torch.autograd.Function):
+class _RoundUp(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, bits: int) -> torch.Tensor:
         ctx.bits = bits
-        return _truncate(x, bits)
+        return round_up(x, bits)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return _truncate(grad, ctx.bits), None
+        return round_up(grad, ctx.bits), None
 
 
 def _low_precision_attention(attn: CausalSelfAttention, bits: int) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -114,8 +116,8 @@ def _low_precision_attention(attn: CausalSelfAttention, bits: int) -> Callable[[
         q, k, v = (t.view(B, T, attn.n_heads, C // attn.n_heads).transpose(1, 2) for t in (q, k, v))
         scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
         causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
-        p = _Truncate.apply(scores.masked_fill(~causal, float("-inf")).softmax(-1), bits)
-        y = _Truncate.apply(p @ v, bits)
+        p = _RoundUp.apply(scores.masked_fill(~causal, float("-inf")).softmax(-1), bits)
+        y = _RoundUp.apply(p @ v, bits)
         return attn.proj(attn.sub_norm(y.transpose(1, 2).contiguous().view(B, T, C)))
 
     return forward
@@ -132,6 +134,9 @@ def run_fault(fault: str | None, job: FaultJob = FaultJob(), monitors: list[str]
     monitor = Monitor(model, every=job.every, monitors=monitors, seed=job.seed)
     gen = torch.Generator().manual_seed(job.seed + 1)
     corrupted = model.blocks[0].attn.qkv.weight
+    signs = torch.Generator().manual_seed(job.seed + 2)
+    u, v = (torch.randint(0, 2, (n,), generator=signs) * 2.0 - 1 for n in corrupted.shape)
+    offset = job.grad_offset * torch.outer(u, v)  # a stuck, rank-one, consistently signed error
     routers = [m.router for m in model.modules() if isinstance(m, MoE)]
     handles = []
     alerts: list[Alert] = []
@@ -149,7 +154,7 @@ def run_fault(fault: str | None, job: FaultJob = FaultJob(), monitors: list[str]
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if fault == "grad_corruption" and step >= job.inject_at and corrupted.grad is not None:
-            corrupted.grad.mul_(job.grad_factor)
+            corrupted.grad.add_(offset)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), math.inf))
         t1 = time.perf_counter()
         alerts += monitor.step(step, loss=loss)

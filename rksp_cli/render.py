@@ -12,6 +12,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from rksp_cli.compare import Change, Comparison
 from rksp_cli.faults import FaultRun
 from rksp_cli.probe import ProbeResult
 from rksp_cli.report import sweep_axes
@@ -297,3 +298,55 @@ def render_faults(runs: list[FaultRun], console: Console) -> None:
         "check time over 50 median training steps (Monitor's default interval). Alarms before the fault, "
         "or on the clean run, are false alarms."
     )
+
+
+def _value(v: object) -> str:
+    return fmt(v) if isinstance(v, float) else "-" if v is None else str(v)
+
+
+def _delta(change: Change) -> str:
+    d = change.delta
+    return "" if d is None or d == 0 else f"{d:+.3g}"
+
+
+def render_comparison(c: Comparison, console: Console) -> None:
+    table = Table(title=f"{c.before.name} → {c.after.name}", title_justify="left")
+    for header in ("", "before", "after", "change"):
+        table.add_column(header, justify="left" if not header else "right")
+    for change in c.outcome:
+        style = "bold" if change.item == "verdict" and c.verdict_changed else None
+        table.add_row(change.item, _value(change.before), _value(change.after), _delta(change), style=style)
+    console.print(table)
+    if c.config:
+        config = Table(title="config changes", title_justify="left")
+        for header in ("field", "before", "after"):
+            config.add_column(header)
+        for change in c.config:
+            config.add_row(change.item, _value(change.before), _value(change.after))
+        console.print(config)
+    else:
+        console.print("config: identical")
+
+
+def comparison_markdown(c: Comparison) -> str:
+    """A summary for a CI comment: the verdict line first, then the numbers and the config diff."""
+    verdict = c.outcome[0]
+    risk = c.outcome[1]
+    head = (
+        f"**rksp: verdict {verdict.before} → {verdict.after}**"
+        if c.verdict_changed
+        else f"**rksp: verdict unchanged ({verdict.after})**"
+    )
+    lines = [
+        head + f", risk {_value(risk.before)} → {_value(risk.after)}",
+        "",
+        "| | before | after | change |",
+        "|---|---|---|---|",
+    ]
+    lines += [f"| {ch.item} | {_value(ch.before)} | {_value(ch.after)} | {_delta(ch)} |" for ch in c.outcome]
+    if c.config:
+        lines += ["", "| config field | before | after |", "|---|---|---|"]
+        lines += [f"| `{ch.item}` | {_value(ch.before)} | {_value(ch.after)} |" for ch in c.config]
+    else:
+        lines += ["", "Config: identical."]
+    return "\n".join(lines) + "\n"

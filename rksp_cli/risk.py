@@ -150,17 +150,21 @@ class CalibratedRisk:
             out_of_range=out_of_range,
         )  # fmt: skip
 
+    def risk_curve(self, row: dict[str, Any], points: int = 121) -> tuple[np.ndarray, np.ndarray]:
+        """(lr grid over the calibrated range, risk at each lr) for this row's other features."""
+        lo, hi = self.calibration.lr_range
+        grid = np.logspace(math.log10(lo), math.log10(hi), points)
+        frame = pd.DataFrame([row] * points)
+        frame["config.training.lr"] = grid
+        return grid, self.calibration.model.predict_proba(frame)
+
     def edge(self, row: dict[str, Any], points: int = 121) -> float | None:
         """The largest lr in the calibrated range whose risk, and every lower lr's, stays under the level.
 
         Returns None when even the lowest calibrated lr is over the level, and inf when no lr in
         the range reaches it.
         """
-        lo, hi = self.calibration.lr_range
-        grid = np.logspace(math.log10(lo), math.log10(hi), points)
-        frame = pd.DataFrame([row] * points)
-        frame["config.training.lr"] = grid
-        risk = self.calibration.model.predict_proba(frame)
+        grid, risk = self.risk_curve(row, points)
         over = np.flatnonzero(risk >= self.edge_level)
         if over.size == 0:
             return math.inf

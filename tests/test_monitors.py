@@ -87,12 +87,12 @@ def test_published_r_metric_false_alarms_on_a_falling_loss_and_the_robust_one_do
     model = nn.Linear(4, 4)
     model.weight.grad = torch.ones(4, 4)
     model.bias.grad = torch.ones(4)
-    losses = [5.0 * 0.97**t for t in range(60)]
+    losses = [5.0 * 0.97**t for t in range(80)]
     alerts = {}
     for variant in ("published", "robust"):
         metric = RMetric(model, variant=variant)
         alerts[variant] = sum(len(metric.check(t, loss)[1]) for t, loss in enumerate(losses))
-        assert metric.check(60, math.nan)[1], "a non-finite loss always alerts"
+        assert metric.check(80, math.nan)[1], "a non-finite loss always alerts"
     assert alerts["published"] > 0 and alerts["robust"] == 0
 
 
@@ -160,7 +160,8 @@ def test_trainer_callback_logs_monitor_metrics(tmp_path):
     from rksp_cli.hf_trainer import attach_monitor
 
     class Reporter(TrainerCallback):  # stands in for TensorBoard / W&B: sees what they would log
-        seen: list = []
+        def __init__(self):
+            self.seen = []
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             self.seen.append(dict(logs))
@@ -173,11 +174,12 @@ def test_trainer_callback_logs_monitor_metrics(tmp_path):
         save_strategy="no", logging_steps=2, use_cpu=True, seed=0,
     )  # fmt: skip
     data = [{"input_ids": r, "labels": r} for r in ids]
-    trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[Reporter])
+    reporter = Reporter()
+    trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[reporter])
     callback = attach_monitor(trainer, every=2, log=tmp_path / "m.jsonl")
     trainer.train()
     checks = read_log(tmp_path / "m.jsonl").checks
     assert [c["step"] for c in checks] == [0, 2] and all(math.isfinite(c["loss"]) for c in checks)
-    logged = [entry for entry in Reporter.seen if "loss" in entry]
+    logged = [entry for entry in reporter.seen if "loss" in entry]
     assert logged and all("rksp/r_metric" in entry for entry in logged)
     assert callback.monitor.names == ["spectral_alignment", "attention_entropy", "r_metric"]
