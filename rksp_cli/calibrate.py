@@ -97,7 +97,7 @@ SHIPPED = "hyperparameters + size + spectra (shipped)"
 
 # Training settings the shipped runs hold fixed: a config that differs is outside the calibration.
 FIXED_SETTINGS = ("config.training.optimizer", "config.training.weight_decay", "config.training.grad_clip",
-                  "config.training.batch_size", "config.training.betas")  # fmt: skip
+                  "config.training.batch_size", "config.training.betas", "config.model.n_experts")  # fmt: skip
 
 
 def design(frame: pd.DataFrame, features: tuple[str, ...]) -> pd.DataFrame:

@@ -254,7 +254,7 @@ def faults(
             runs.append(run_fault(name, job))
             advance(i + 1)
     if json_:
-        typer.echo(render.dumps([row for run in runs for row in run.summary()]))
+        typer.echo(render.dumps(render.fault_rows(runs)))
     else:
         render.render_faults(runs, out)
 

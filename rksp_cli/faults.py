@@ -17,6 +17,10 @@ LM, AdamW) runs clean and with each fault switched on at ``inject_at``:
 The divergence label is the probe's (loss > 50, gradient norm > 500, or non-finite). A job stops at
 divergence. Every alarm is recorded; alarms before ``inject_at`` and all alarms of the clean run are
 false alarms. Warnings are recorded but do not count as alarms.
+
+A small pre-LN model rarely diverges by that label (it took a x100 learning-rate jump), so each
+alarm is also timed against the step where the loss curve departs from the clean run's (same seed,
+same batches; see ``loss_departure``): a monitor is useful when it fires before the loss shows anything.
 """
 
 from __future__ import annotations
@@ -76,20 +80,42 @@ class FaultRun:
     def _after(self, alert: Alert) -> bool:
         return self.fault is not None and alert.step >= self.job.inject_at
 
-    def summary(self) -> list[dict[str, Any]]:
-        """One row per monitor: first alarm after injection, lead to divergence, false alarms."""
+    def summary(self, clean: FaultRun | None = None) -> list[dict[str, Any]]:
+        """One row per monitor: first alarm after injection, its lead over divergence and (given the
+        clean run of the same seed) over the loss's departure from the clean loss; false alarms."""
+        departs = loss_departure(self.losses, clean.losses, self.job.inject_at) if clean and self.fault else None
         rows = []
         for name in self.monitors:
             first = self.first_alarm(name)
-            lead = self.diverged_step - first if first is not None and self.diverged_step is not None else None
+
+            def lead(event: int | None, first: int | None = first) -> int | None:
+                return event - first if first is not None and event is not None else None
+
             rows.append({
                 "fault": self.fault or "clean", "monitor": name, "diverged_step": self.diverged_step,
-                "first_alarm": first, "lead_steps": lead,
+                "loss_departs": departs, "first_alarm": first,
+                "lead_steps": lead(self.diverged_step), "lead_over_loss": lead(departs),
                 "after_injection": first - self.job.inject_at if first is not None and self.fault else None,
                 "false_alarms": self.false_alarms(name),
                 "overhead_pct": 100 * self.monitor_seconds[name] / (DEFAULT_EVERY * self.step_seconds),
             })  # fmt: skip
         return rows
+
+
+def loss_departure(
+    losses: list[float], reference: list[float], start: int, window: int = 20, margin: float = 0.05
+) -> int | None:
+    """First step from ``start`` on where the trailing ``window``-step mean loss exceeds the clean
+    run's by ``margin`` (relative), or the loss is non-finite: when a loss curve would show the fault.
+
+    Both runs see the same batches (same seed), so the comparison is paired and batch noise cancels.
+    """
+    for t in range(start, min(len(losses), len(reference))):
+        lo = max(0, t - window + 1)
+        mine = sum(losses[lo : t + 1]) / (t + 1 - lo)
+        if not math.isfinite(mine) or mine > (1 + margin) * sum(reference[lo : t + 1]) / (t + 1 - lo):
+            return t
+    return None
 
 
 def round_up(x: torch.Tensor, bits: int) -> torch.Tensor:

@@ -16,6 +16,7 @@ from rksp_cli.compare import Change, Comparison
 from rksp_cli.faults import FaultRun
 from rksp_cli.probe import ProbeResult
 from rksp_cli.report import sweep_axes
+from rksp_cli.risk import format_risk
 from rksp_cli.screen import ScreenResult
 from rksp_cli.serialize import dumps
 from rksp_cli.watch import HEADLINES, MetricsLog
@@ -39,12 +40,6 @@ def fmt(x: float | None) -> str:
     if isinstance(x, float) and math.isinf(x):
         return "inf"
     return f"{x:.3g}" if abs(x) >= 100 or 0 < abs(x) < 0.01 else f"{x:.2f}"
-
-
-def _risk_text(risk: float) -> str:
-    if math.isnan(risk):
-        return "-"
-    return "<0.01" if risk < 0.005 else ">0.99" if risk > 0.995 else f"{risk:.2f}"
 
 
 def to_json(result: ScreenResult) -> str:
@@ -80,7 +75,7 @@ def render(result: ScreenResult, console: Console) -> None:
     risk = result.risk
     headline = Text.assemble(
         ("risk ", "bold"),
-        (_risk_text(risk.risk), VERDICT_STYLE[risk.verdict]),
+        (format_risk(risk.risk), VERDICT_STYLE[risk.verdict]),
         ("  ", ""),
         (risk.verdict.upper(), VERDICT_STYLE[risk.verdict]),
         (f"  {risk.reason}", ""),
@@ -273,35 +268,46 @@ def watch_dashboard(log: MetricsLog, recent: int = 8) -> Group:
     return Group(*parts)
 
 
+def fault_rows(runs: list[FaultRun]) -> list[dict]:
+    """Every run's per-monitor rows, faulted runs timed against the clean run (the first of ``runs``)."""
+    clean = next((r for r in runs if r.fault is None), None)
+    return [row for run in runs for row in run.summary(clean)]
+
+
 def render_faults(runs: list[FaultRun], console: Console) -> None:
-    table = Table(
-        title="fault injection: first alarm after the fault, and its lead over divergence", title_justify="left"
-    )
-    for header in ("fault", "diverged at", "monitor", "first alarm", "lead (steps)", "false alarms", "overhead @50"):
+    table = Table(title="fault injection: when each monitor alarmed", title_justify="left")
+    headers = ("fault", "diverged", "loss departs", "monitor", "first alarm", "lead over divergence",
+               "lead over loss", "false alarms", "overhead @50")  # fmt: skip
+    for header in headers:
         table.add_column(header, justify="left" if header in ("fault", "monitor") else "right")
-    for run in runs:
-        for row in run.summary():
-            table.add_row(
-                row["fault"],
-                str(row["diverged_step"]) if row["diverged_step"] is not None else "no",
-                row["monitor"],
-                str(row["first_alarm"]) if row["first_alarm"] is not None else "-",
-                str(row["lead_steps"]) if row["lead_steps"] is not None else "-",
-                str(row["false_alarms"]),
-                f"{row['overhead_pct']:.2f}%",
-            )
-        table.add_section()
+
+    def cell(value: object) -> str:
+        return "-" if value is None else str(value)
+
+    previous = None
+    for row in fault_rows(runs):
+        if previous is not None and row["fault"] != previous:
+            table.add_section()
+        previous = row["fault"]
+        table.add_row(
+            row["fault"], cell(row["diverged_step"]), cell(row["loss_departs"]), row["monitor"],
+            cell(row["first_alarm"]), cell(row["lead_steps"]), cell(row["lead_over_loss"]),
+            str(row["false_alarms"]), f"{row['overhead_pct']:.2f}%",
+        )  # fmt: skip
     console.print(table)
     job = runs[0].job
     console.print(
-        f"{job.steps} steps, fault at step {job.inject_at}, checks every {job.every} steps; overhead is the mean "
-        "check time over 50 median training steps (Monitor's default interval). Alarms before the fault, "
-        "or on the clean run, are false alarms."
+        f"{job.steps} steps, fault at step {job.inject_at}, checks every {job.every} steps. 'loss departs': the "
+        "first step the faulted loss runs 5% above the clean run's (20-step means, same batches). Leads are in "
+        "steps (negative: after). Alarms before the fault, or on the clean run, are false alarms. Overhead: mean "
+        "check time over 50 median training steps (Monitor's default interval)."
     )
 
 
 def _value(v: object) -> str:
-    return fmt(v) if isinstance(v, float) else "-" if v is None else str(v)
+    if isinstance(v, float):
+        return fmt(v) if not math.isfinite(v) else f"{v:.3g}"
+    return "-" if v is None else str(v)
 
 
 def _delta(change: Change) -> str:

@@ -19,6 +19,7 @@ import yaml
 
 from rksp_cli.files import atomic_path
 from rksp_cli.koopman import EXPANSIVE_ABOVE, NEAR_UNIT_FROM
+from rksp_cli.risk import format_risk
 
 SEED_COLUMN = "config.probe.seed"
 MAX_PANELS = 12  # eigenvalue panels per figure: deeper models show evenly spaced layers
@@ -98,6 +99,8 @@ def eigenvalue_figure(layers: list[dict[str, Any]]) -> Any:
 def depth_figure(layers: list[dict[str, Any]]) -> Any:
     """Spectral masses and spectral radius over depth."""
     plt = _pyplot()
+    from matplotlib.ticker import MaxNLocator
+
     fig, ax = plt.subplots(figsize=(7, 3.4))
     x = [row["layer"] for row in layers]
     for key, label in (
@@ -107,6 +110,7 @@ def depth_figure(layers: list[dict[str, Any]]) -> Any:
         ("contractive_mass", "M<1"),
     ):
         ax.plot(x, [row[key] for row in layers], marker="o", ms=3, label=label)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("layer (transition h_l -> h_l+1)")
     ax.set_ylabel("mass")
     ax.set_ylim(-0.02, 1.02)
@@ -181,15 +185,27 @@ def write_html(path: Path, page: str) -> Path:
     return path
 
 
+def feature_table(features: dict[str, float]) -> pd.DataFrame:
+    """Layer aggregates as a feature x (mean, max, min, std) table; whole-model features after them."""
+    aggregates = ("mean", "max", "min", "std")
+    rows: dict[str, dict[str, float]] = {}
+    for key, value in features.items():
+        base, _, agg = key.rpartition("_")
+        if agg in aggregates and base:
+            rows.setdefault(base, {})[agg] = value
+        else:
+            rows[key] = {"value": value}
+    table = pd.DataFrame.from_dict(rows, orient="index").reindex(columns=[*aggregates, "value"])
+    return table.rename_axis("feature").reset_index()
+
+
 def screen_html(result: Any, risk_model: Any) -> str:
     """The screen report: verdict and reason, spectra per layer, masses over depth, risk over lr, config."""
     data = result.to_dict()
     verdict = data["verdict"]
-    risk = data["risk"]
-    risk_text = "-" if risk is None or math.isnan(risk) else f"{risk:.2f}"
     parts = [
         f"<h1>rksp screen: {html.escape(str(data['model'].get('source', '')))}</h1>",
-        f'<p><span class="verdict {verdict}">{verdict.upper()} · P(diverge) {risk_text}</span></p>',
+        f'<p><span class="verdict {verdict}">{verdict.upper()} · P(diverge) {format_risk(data["risk"])}</span></p>',
         f"<p><b>Why:</b> {html.escape(data['reason'])}</p>",
         f'<p class="note">risk model: {html.escape(data["risk_model"]["name"])}</p>',
     ]
@@ -211,7 +227,7 @@ def screen_html(result: Any, risk_model: Any) -> str:
         parts.append(
             '<p class="note">Not available: the rule-based risk model does not depend on the learning rate.</p>'
         )
-    parts.append("<h2>Features</h2>" + _table(pd.DataFrame([data["features"]])))
+    parts.append("<h2>Features</h2>" + _table(feature_table(data["features"])))
     parts.append(
         "<h2>Resolved config</h2><pre>" + html.escape(yaml.safe_dump(data["config"], sort_keys=False)) + "</pre>"
     )

@@ -45,6 +45,13 @@ class RiskAssessment:
     out_of_range: list[str] = field(default_factory=list)  # why the config lies outside the calibration
 
 
+def format_risk(risk: float | None) -> str:
+    """A probability as people read it: two decimals, with the extremes not rounded to certainty."""
+    if risk is None or math.isnan(risk):
+        return "-"
+    return "<0.01" if risk < 0.005 else ">0.99" if risk > 0.995 else f"{risk:.2f}"
+
+
 def verdict_for(risk: float) -> str:
     if not math.isfinite(risk):
         return "unknown"

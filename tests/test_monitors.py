@@ -2,6 +2,7 @@
 
 import json
 import math
+import sys
 
 import pytest
 import torch
@@ -183,3 +184,25 @@ def test_trainer_callback_logs_monitor_metrics(tmp_path):
     logged = [entry for entry in reporter.seen if "loss" in entry]
     assert logged and all("rksp/r_metric" in entry for entry in logged)
     assert callback.monitor.names == ["spectral_alignment", "attention_entropy", "r_metric"]
+
+
+def test_metrics_reach_tensorboard_and_an_active_wandb_run(monkeypatch):
+    import types
+
+    class Writer:
+        def __init__(self):
+            self.scalars = []
+
+        def add_scalar(self, tag, value, step):
+            self.scalars.append((tag, step))
+
+    logged = []
+    fake_wandb = types.SimpleNamespace(run=object(), log=lambda data, commit: logged.append((data, commit)))
+    monkeypatch.setitem(sys.modules, "wandb", fake_wandb)
+    model = GPT(GPTConfig(n_layers=1))
+    writer = Writer()
+    mon = Monitor(model, every=1, monitors=["spectral_alignment"], tensorboard=writer)
+    model(torch.randint(0, 103, (2, 8)))
+    mon.step(0)
+    assert ("rksp/sa_entropy_min", 0) in writer.scalars
+    assert logged and "rksp/sa_entropy_min" in logged[0][0] and logged[0][1] is False

@@ -26,9 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from rksp_cli.monitors.base import Alert, Persistence, RobustDrift
-
-Z_ALARM, PATIENCE = 4.0, 3
+from rksp_cli.monitors.base import Alert, DriftAlarm
 
 
 @dataclass
@@ -89,8 +87,7 @@ class AttentionSpectralEntropy:
             raise ValueError("attention spectral entropy found no W_Q / W_K pairs")
         self.sites = sites
         self.snapshots: deque[list[tuple[torch.Tensor, torch.Tensor]]] = deque(maxlen=lag_checks + 1)
-        self.drift = {s.name: RobustDrift(direction=-1) for s in sites}
-        self.persistence = Persistence(PATIENCE)
+        self.alarms = {s.name: DriftAlarm(self.name, "QK-update spectral entropy", direction=-1) for s in sites}
 
     def check(self, step: int, loss: float | None = None) -> tuple[dict[str, float], list[Alert]]:
         now = [tuple(w.detach().clone() for w in site.weights()) for site in self.sites]
@@ -105,12 +102,6 @@ class AttentionSpectralEntropy:
             mean = float(h.mean())
             metrics[f"qk_entropy_mean/{site.name}"] = mean
             metrics[f"qk_entropy_min/{site.name}"] = float(h.min())
-            z = self.drift[site.name].score(mean)
-            breached = z is not None and z >= Z_ALARM
-            if self.persistence.update(site.name, breached):
-                reason = f"QK-update spectral entropy {mean:.3f} fell {z:.1f} robust sd for {PATIENCE} checks"
-                alerts.append(Alert(step, self.name, site.name, z, Z_ALARM, "alarm", reason))
-            elif breached:
-                reason = f"QK-update spectral entropy {mean:.3f} fell {z:.1f} robust sd below its history"
-                alerts.append(Alert(step, self.name, site.name, z, Z_ALARM, "warning", reason))
+            if alert := self.alarms[site.name].update(step, site.name, mean):
+                alerts.append(alert)
         return metrics, alerts

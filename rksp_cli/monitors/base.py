@@ -7,6 +7,8 @@ from collections import deque
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import torch
+
 MAD_TO_SIGMA = 1.4826  # median absolute deviation of a normal sample, in standard deviations
 
 
@@ -22,6 +24,14 @@ class Alert:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def sample_rows(x: torch.Tensor, tokens: int, generator: torch.Generator) -> torch.Tensor:
+    """Up to ``tokens`` token vectors of a layer input (..., d), detached, in float32."""
+    x = x.detach().reshape(-1, x.shape[-1])
+    if x.shape[0] > tokens:
+        x = x[torch.randperm(x.shape[0], generator=generator)[:tokens].to(x.device)]
+    return x.float()
 
 
 class RobustDrift:
@@ -57,3 +67,25 @@ class Persistence:
     def update(self, key: str, breached: bool) -> bool:
         self.runs[key] = self.runs.get(key, 0) + 1 if breached else 0
         return self.runs[key] >= self.patience
+
+
+class DriftAlarm:
+    """A signal scored against its own history: a warning at robust z >= ``z``, an alarm once that
+    has held for ``patience`` consecutive checks. Shared by the monitors without absolute thresholds."""
+
+    def __init__(self, monitor: str, what: str, direction: int, z: float = 4.0, patience: int = 3):
+        self.monitor, self.what, self.z, self.patience = monitor, what, z, patience
+        self.verb = "fell" if direction < 0 else "rose"
+        self.drift = RobustDrift(direction)
+        self.persistence = Persistence(patience)
+
+    def update(self, step: int, layer: str | None, value: float) -> Alert | None:
+        z = self.drift.score(value)
+        breached = z is not None and z >= self.z
+        if self.persistence.update("", breached):
+            reason = f"{self.what} {value:.3f} {self.verb} {z:.1f} robust sd, {self.patience} checks in a row"
+            return Alert(step, self.monitor, layer, z, self.z, "alarm", reason)
+        if breached:
+            reason = f"{self.what} {value:.3f} {self.verb} {z:.1f} robust sd from its history"
+            return Alert(step, self.monitor, layer, z, self.z, "warning", reason)
+        return None

@@ -22,9 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from rksp_cli.monitors.base import Alert, Persistence, RobustDrift
-
-Z_ALARM, PATIENCE = 4.0, 3
+from rksp_cli.monitors.base import Alert, DriftAlarm, sample_rows
 
 
 def find_routers(model: nn.Module) -> dict[str, nn.Module]:
@@ -73,17 +71,17 @@ class RouterHealth:
         self.armed = True
         self.generator = torch.Generator().manual_seed(seed)
         self._inputs: dict[str, torch.Tensor] = {}
-        self.drift = {(n, k): RobustDrift(d) for n in routers for k, d in (("entropy", -1), ("similarity", 1))}
-        self.persistence = Persistence(PATIENCE)
+        self.alarms = {
+            (n, key): DriftAlarm(self.name, what, direction)
+            for n in routers
+            for key, what, direction in (("entropy", "routing entropy", -1), ("similarity", "expert similarity", 1))
+        }
         self._handles = [m.register_forward_pre_hook(self._hook(n)) for n, m in routers.items()]
 
     def _hook(self, name: str):
         def hook(module: nn.Module, args: tuple) -> None:
             if self.armed:
-                x = args[0].detach().reshape(-1, args[0].shape[-1])
-                if x.shape[0] > self.tokens:
-                    x = x[torch.randperm(x.shape[0], generator=self.generator)[: self.tokens].to(x.device)]
-                self._inputs[name] = x.float()
+                self._inputs[name] = sample_rows(args[0], self.tokens, self.generator)
 
         return hook
 
@@ -98,15 +96,7 @@ class RouterHealth:
         for name, x in inputs.items():
             stats = router_stats(self.routers[name].weight, x)
             metrics.update({f"router_{k}/{name}": v for k, v in vars(stats).items()})
-            for key, verb in (("entropy", "fell"), ("similarity", "rose")):
-                value = getattr(stats, key)
-                z = self.drift[(name, key)].score(value)
-                breached = z is not None and z >= Z_ALARM
-                what = "routing entropy" if key == "entropy" else "expert similarity"
-                if self.persistence.update(f"{name}:{key}", breached):
-                    reason = f"{what} {value:.3f} {verb} {z:.1f} robust sd for {PATIENCE} checks"
-                    alerts.append(Alert(step, self.name, name, z, Z_ALARM, "alarm", reason))
-                elif breached:
-                    reason = f"{what} {value:.3f} {verb} {z:.1f} robust sd from its history"
-                    alerts.append(Alert(step, self.name, name, z, Z_ALARM, "warning", reason))
+            for key in ("entropy", "similarity"):
+                if alert := self.alarms[(name, key)].update(step, name, getattr(stats, key)):
+                    alerts.append(alert)
         return metrics, alerts

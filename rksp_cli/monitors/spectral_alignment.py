@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from rksp_cli.monitors.base import Alert, Persistence
+from rksp_cli.monitors.base import Alert, Persistence, sample_rows
 
 WARNING_BITS, ALARM_BITS, PATIENCE = 0.8, 0.5, 3
 
@@ -61,12 +61,8 @@ class SpectralAlignment:
 
     def _hook(self, name: str):
         def hook(module: nn.Module, args: tuple) -> None:
-            if not self.armed:
-                return
-            x = args[0].detach().reshape(-1, args[0].shape[-1])
-            if x.shape[0] > self.tokens:
-                x = x[torch.randperm(x.shape[0], generator=self.generator)[: self.tokens].to(x.device)]
-            self._inputs[name] = x.float()
+            if self.armed:
+                self._inputs[name] = sample_rows(args[0], self.tokens, self.generator)
 
         return hook
 
