@@ -27,8 +27,9 @@ from rksp_cli.spec import ScreenSpec, flatten
 ProgressCallback = Callable[[int, int], None]  # (layers done, layers total)
 
 KSS_ADVICE = (
-    "consider Koopman Spectral Shaping (rksp_cli.kss: alpha 0.15 every 10 steps on half the layers); "
-    "check it with `rksp probe --kss`, or lower the learning rate below the edge"
+    "lower the learning rate below the edge, or try Koopman Spectral Shaping (rksp_cli.kss: alpha 0.15 "
+    "every 10 steps on half the layers; experimental: it did not reduce divergence in rksp's own "
+    "benchmark, so check it first with `rksp probe --kss`)"
 )
 
 

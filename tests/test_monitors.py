@@ -27,22 +27,33 @@ def test_sign_entropy_is_one_bit_when_balanced_and_zero_when_collapsed():
     assert sign_entropy(0.11) < 0.5 < sign_entropy(0.24) < 0.8 < sign_entropy(0.3)
 
 
-def test_spectral_alignment_alarms_after_three_collapsed_checks_only():
+def _sa_run(grow: bool) -> list[list[str]]:
+    """12 healthy checks, then 4 with inputs pushed to one side of v1 (if ``grow``, sigma_1 up 30% a check)."""
     torch.manual_seed(0)
     layer = nn.Linear(16, 16)
     sa = SpectralAlignment([nn.Sequential(layer)])
     levels = []
-    for check in range(6):
+    for check in range(16):
+        with torch.no_grad():
+            layer.weight.mul_(1.3 if grow and check >= 12 else 1 + 0.01 * torch.randn(()))
         x = torch.randn(512, 16)
-        if check >= 2:  # inputs pushed to one side of the top singular direction
+        if check >= 12:
             v1 = torch.linalg.svd(layer.weight.detach()).Vh[0]
             x = x + 8 * v1 * torch.sign(x @ v1).mean().sign()
         sa.armed = True
         layer(x)
-        _, alerts = sa.check(check)
-        levels.append([a.level for a in alerts])
-    assert levels[:2] == [[], []]
-    assert levels[2] == levels[3] == ["warning"] and levels[4] == levels[5] == ["alarm"]
+        levels.append([a.level for a in sa.check(check)[1]])
+    return levels
+
+
+def test_spectral_alignment_alarms_on_a_collapse_with_sigma1_growth():
+    levels = _sa_run(grow=True)
+    assert levels[:12] == [[]] * 12
+    assert levels[12] == ["warning"] and levels[13] == [] and levels[14] == levels[15] == ["alarm"]
+
+
+def test_spectral_alignment_collapse_with_steady_sigma1_only_warns_once():
+    assert _sa_run(grow=False)[12:] == [["warning"], [], [], []]
 
 
 def test_delta2_entropy_matches_the_full_matrix_with_grouped_query_heads():

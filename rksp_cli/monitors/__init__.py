@@ -21,13 +21,13 @@ import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
 
 from rksp_cli.monitors.attention_entropy import AttentionSpectralEntropy, find_attention
-from rksp_cli.monitors.base import Alert
+from rksp_cli.monitors.base import Alert, Check
 from rksp_cli.monitors.r_metric import RMetric
 from rksp_cli.monitors.router import RouterHealth, find_routers
 from rksp_cli.monitors.spectral_alignment import SpectralAlignment
@@ -48,13 +48,15 @@ def residual_blocks(model: nn.Module) -> nn.ModuleList:
 
 
 class Monitor:
+    """The monitors that apply to a model, checked every ``every`` steps, logged and forwarded."""
+
     def __init__(
         self,
         model: nn.Module,
         every: int = 50,
         log: str | Path | None = None,
         monitors: Iterable[str] | None = None,
-        r_variant: str = "robust",
+        r_variant: Literal["robust", "published"] = "robust",
         tensorboard: Any = None,
         seed: int = 0,
     ):
@@ -69,7 +71,7 @@ class Monitor:
         if unknown := wanted - set(MONITORS):
             raise ValueError(f"unknown monitors {sorted(unknown)}; choose from {', '.join(MONITORS)}")
         self.model, self.every, self.tensorboard = model, every, tensorboard
-        self.monitors: list[Any] = []
+        self.monitors: list[Check] = []
         if "spectral_alignment" in wanted:
             self.monitors.append(SpectralAlignment(residual_blocks(model), seed=seed))
         if "attention_entropy" in wanted and (sites := find_attention(model)):

@@ -9,11 +9,12 @@ over many directions and falls when they concentrate, the footprint of a coheren
 gradient error such as biased low-precision rounding in attention.
 
 Defaults (design choices): delta = 4 check intervals (200 steps at every=50); per layer, the mean
-over heads is scored against its own history by a robust z of the drop (median/MAD of up to 100
-earlier checks, none before 10); warning at z >= 4, alarm at z >= 4 on 3 consecutive checks. Grouped
+over heads is scored against its own history by a robust z of the drop (median/MAD of the last 20
+checks, none before 10); warning at z >= 4, alarm at z >= 4 on 3 consecutive checks. Grouped
 query attention pairs each query head with its key/value group.
 
-Memory: one copy of every layer's W_Q and W_K per check in the delta window.
+Cost per check: copying W_Q and W_K, and per head two thin QRs of d x 2 d_k matrices and an SVD of a
+2 d_k x 2 d_k core, O(d d_k^2). Memory: one copy of every layer's W_Q and W_K per check in the window.
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ Components, each normalised over the last 100 checks:
 * s2: variance across parameter tensors of their gradient L2 norms (read before clipping).
 * dL: |loss - mean of the last <= 10 checked losses|, 10 when the loss is non-finite.
 
+Cost per check: one L2 norm per parameter tensor (a pass over the gradients); per step, one clock read.
+
 ``variant="published"`` is the paper's rule: min-max normalisation over the window (the current
 check included) and an alert at R > 0.57. Its known weakness (reference, caveat 3): any new local
 maximum maps to 1, so the fast loss drop of early training alone gives R >= 0.70.

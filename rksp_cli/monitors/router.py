@@ -8,8 +8,11 @@ Signals, for a router W_R (E x d) with rows w_e and token inputs x:
 * conditioning of the centred router W_R - 1 mu^T (softmax ignores a common shift): logged.
 
 Alarm rule (design choice): H_tok's drop or S's rise at a robust z >= 4 against the layer's own
-history (median/MAD of up to 100 earlier checks, none before 10), warning at once and alarm after
+history (median/MAD of the last 20 checks, none before 10), warning at once and alarm after
 3 consecutive checks. Inputs come from a forward pre-hook on check steps, up to 2048 tokens.
+
+Cost per check and router: N E d for the logits of N sampled tokens, E^2 d for the similarities and
+an SVD of the E x d router: negligible beside a training step.
 
 Routers found: the built-in GPT's ``MoE.router``, and transformers modules named ``gate`` or
 ``router`` whose weight has one row per expert (config ``num_local_experts`` or ``num_experts``).
