@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 from rksp_cli.models.gpt import GPT, CausalSelfAttention, GPTConfig, MoE
 from rksp_cli.monitors import Alert, Monitor
-from rksp_cli.probe import _divergence
+from rksp_cli.probe import divergence_reason
 from rksp_cli.tasks import make_task
 
 DEFAULT_EVERY = 50  # Monitor's default interval: the overhead is reported at it
@@ -186,7 +186,7 @@ def run_fault(fault: str | None, job: FaultJob = FaultJob(), monitors: list[str]
         alerts += monitor.step(step, loss=loss)
         t2 = time.perf_counter()
         losses.append(float(loss.detach()))
-        if _divergence(losses[-1], grad_norm, 50.0, 500.0):
+        if divergence_reason(losses[-1], grad_norm, 50.0, 500.0):  # the probe's default label
             diverged_step = step
             break
         optimizer.step()

@@ -5,11 +5,11 @@ subclass, so it composes with trainers that already subclass ``Trainer`` (TRL's 
 the like)::
 
     trainer = Trainer(model=model, args=args, train_dataset=data)
-    kss = attach_kss(trainer, alpha=0.15, every=10)
+    kss = attach_kss(trainer, alpha=0.15, every=10)                    # KSS in the training loss
+    monitor = attach_monitor(trainer, every=50, log="metrics.jsonl")   # monitors, logged with the rest
     trainer.train()
 
-    monitor = attach_monitor(trainer, every=50, log="metrics.jsonl")
-
+Both remove their hooks when training ends; attach again before another ``train()``.
 Importing this module needs ``transformers`` with ``accelerate`` (as ``Trainer`` itself does).
 """
 

@@ -109,7 +109,7 @@ def probe(spec: ScreenSpec, on_step: StepCallback | None = None) -> ProbeResult:
         grads.append(grad_norm)
         if on_step is not None:
             on_step(step, loss_value, grad_norm)
-        why = _divergence(loss_value, grad_norm, train.diverge_loss, train.diverge_grad_norm)
+        why = divergence_reason(loss_value, grad_norm, train.diverge_loss, train.diverge_grad_norm)
         if why:
             diverged_step, reason = step, f"{why} at step {step}"
             break
@@ -132,7 +132,8 @@ def probe(spec: ScreenSpec, on_step: StepCallback | None = None) -> ProbeResult:
     )
 
 
-def _divergence(loss: float, grad_norm: float, max_loss: float, max_grad: float) -> str | None:
+def divergence_reason(loss: float, grad_norm: float, max_loss: float, max_grad: float) -> str | None:
+    """Why this step counts as diverged (the RKSP paper's label), or None."""
     if not math.isfinite(loss):
         return "non-finite loss"
     if not math.isfinite(grad_norm):

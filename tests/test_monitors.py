@@ -161,9 +161,24 @@ def test_fault_harness_labels_the_run_and_reports_per_monitor():
         run_fault("cosmic_ray", job)
 
 
-def test_faults_cli_rejects_unknown_faults():
-    result = CliRunner().invoke(app, ["faults", "--fault", "cosmic_ray"])
-    assert result.exit_code == 2 and "cosmic_ray" in result.output
+def test_faults_cli_reports_every_monitor_of_the_clean_and_faulted_runs():
+    args = ["faults", "--fault", "lr_jump", "--steps", "30", "--inject-at", "15", "--every", "5", "--json"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)
+    assert {(r["fault"], r["monitor"]) for r in rows} == {
+        (f, m) for f in ("clean", "lr_jump") for m in ("spectral_alignment", "attention_entropy", "router", "r_metric")
+    }
+    assert all(r["loss_departs"] is None for r in rows if r["fault"] == "clean")
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [(["--fault", "cosmic_ray"], "cosmic_ray"), (["--steps", "10", "--inject-at", "10"], "--inject-at")],
+)
+def test_faults_cli_rejects_bad_options(args, fragment):
+    result = CliRunner().invoke(app, ["faults", *args])
+    assert result.exit_code == 2 and fragment in result.stderr
 
 
 def test_trainer_callback_logs_monitor_metrics(tmp_path):
