@@ -255,14 +255,16 @@ def watch_dashboard(log: MetricsLog, recent: int = 8) -> Group:
         if points:
             values = [v for _, v in points]
             signals.add_row(label, fmt(values[-1]), fmt(combine(values)), sparkline(values))
-    alarms = [a for a in log.alerts() if a.get("level") == "alarm"]
-    alerts = Table(title=f"alerts ({len(alarms)} alarms in all)", title_justify="left", expand=True)
-    for header in ("step", "monitor", "layer", "level", "reason"):
-        alerts.add_column(header)
-    for a in log.alerts()[-recent:]:
-        style = "red" if a.get("level") == "alarm" else "yellow"
-        alerts.add_row(str(a["step"]), a["monitor"], a.get("layer") or "-", Text(a["level"], style=style), a["reason"])
-    parts = [Panel(Text(title), title="rksp watch", title_align="left"), signals, alerts]
+    tables = []
+    for level, style, shown in (("alarm", "red", recent), ("warning", "yellow", recent // 2)):
+        found = [a for a in log.alerts() if a.get("level") == level]
+        table = Table(title=f"{level}s: {len(found)} in all, latest {shown}", title_justify="left", expand=True)
+        for header in ("step", "monitor", "layer", "reason"):
+            table.add_column(header, style=style if header == "monitor" else None)
+        for a in found[-shown:]:
+            table.add_row(str(a["step"]), a["monitor"], a.get("layer") or "-", a["reason"])
+        tables.append(table)
+    parts = [Panel(Text(title), title="rksp watch", title_align="left"), signals, *tables]
     if log.unreadable:
         parts.append(Text(f"{log.unreadable} unreadable lines skipped", style="yellow"))
     return Group(*parts)

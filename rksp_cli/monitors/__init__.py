@@ -38,13 +38,13 @@ MONITORS = ("spectral_alignment", "attention_entropy", "router", "r_metric")
 __all__ = ["MONITORS", "Alert", "Monitor"]
 
 
-def residual_blocks(model: nn.Module) -> nn.ModuleList:
-    """The built-in GPT's blocks, or a transformers model's decoder layers."""
+def residual_blocks(model: nn.Module) -> tuple[str, nn.ModuleList]:
+    """(module path, blocks): the built-in GPT's blocks, or a transformers model's decoder layers."""
     if isinstance(getattr(model, "blocks", None), nn.ModuleList):
-        return model.blocks
+        return "blocks", model.blocks
     from rksp_cli.models.hf import find_blocks
 
-    return find_blocks(model, model.config.num_hidden_layers)[1]
+    return find_blocks(model, model.config.num_hidden_layers)
 
 
 class Monitor:
@@ -73,7 +73,8 @@ class Monitor:
         self.model, self.every, self.tensorboard = model, every, tensorboard
         self.monitors: list[Check] = []
         if "spectral_alignment" in wanted:
-            self.monitors.append(SpectralAlignment(residual_blocks(model), seed=seed))
+            prefix, blocks = residual_blocks(model)
+            self.monitors.append(SpectralAlignment(blocks, prefix, seed=seed))
         if "attention_entropy" in wanted and (sites := find_attention(model)):
             self.monitors.append(AttentionSpectralEntropy(sites))
         if "router" in wanted and (routers := find_routers(model)):

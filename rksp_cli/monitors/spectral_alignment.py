@@ -51,10 +51,14 @@ def sign_entropy(p: float) -> float:
 class SpectralAlignment:
     name = "spectral_alignment"
 
-    def __init__(self, blocks: Sequence[nn.Module], tokens: int = 2048, iterations: int = 3, seed: int = 0):
+    def __init__(
+        self, blocks: Sequence[nn.Module], prefix: str = "", tokens: int = 2048, iterations: int = 3, seed: int = 0
+    ):
+        """``prefix``: the blocks' module path, so layer names match the model's (``blocks.0.attn.qkv``)."""
         self.tokens, self.iterations = tokens, iterations
+        lead = f"{prefix}." if prefix else ""
         self.layers = {
-            f"{i}.{name}": module
+            f"{lead}{i}.{name}": module
             for i, block in enumerate(blocks)
             for name, module in block.named_modules()
             if isinstance(module, nn.Linear)
@@ -133,12 +137,12 @@ class SpectralAlignment:
             collapsed = self.persistence.update(name, h < ALARM_BITS)
             if collapsed and growth >= GROWTH_Z:
                 reason = (
-                    f"sign entropy {h:.2f} bit < {ALARM_BITS} for {PATIENCE} checks (p+ {p:.2f}) while sigma_1 "
+                    f"sign entropy {h:.3f} bit < {ALARM_BITS} for {PATIENCE} checks (p+ {p:.2f}) while sigma_1 "
                     f"grows abnormally (robust z {growth:.1f}): inputs collapsed onto the top singular direction"
                 )
                 alerts.append(Alert(step, self.name, name, h, ALARM_BITS, "alarm", reason))
             elif h < WARNING_BITS and name not in self._dipped:
-                reason = f"sign entropy {h:.2f} bit < {WARNING_BITS} (p+ {p:.2f})"
+                reason = f"sign entropy {h:.3f} bit < {WARNING_BITS} (p+ {p:.2f})"
                 alerts.append(Alert(step, self.name, name, h, WARNING_BITS, "warning", reason))
             if h < WARNING_BITS:
                 self._dipped.add(name)
