@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -24,6 +24,10 @@ from rich.progress import (
 
 from rksp_cli import __version__
 from rksp_cli.errors import InputError, UnassessableError
+
+if TYPE_CHECKING:
+    from rksp_cli.risk import RiskModel
+    from rksp_cli.screen import ScreenResult
 
 app = typer.Typer(
     name="rksp",
@@ -325,7 +329,7 @@ def _check_suffix(option: str, path: Path | None, suffix: str) -> None:
 
 
 def _write_figures(
-    result: object, risk_model: object, report: Path | None, plot: Path | None, console: Console
+    result: ScreenResult, risk_model: RiskModel, report: Path | None, plot: Path | None, console: Console
 ) -> None:
     from rksp_cli.report import eigenvalue_figure, save_png, screen_html, spectra_layers, write_html
 

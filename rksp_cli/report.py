@@ -11,7 +11,7 @@ import html
 import io
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -19,7 +19,11 @@ import yaml
 
 from rksp_cli.files import atomic_path
 from rksp_cli.koopman import EXPANSIVE_ABOVE, NEAR_UNIT_FROM
-from rksp_cli.risk import format_risk
+from rksp_cli.risk import CalibratedRisk, RiskModel, format_risk
+
+if TYPE_CHECKING:
+    from rksp_cli.compare import Comparison
+    from rksp_cli.screen import ScreenResult
 
 SEED_COLUMN = "config.probe.seed"
 MAX_PANELS = 12  # eigenvalue panels per figure: deeper models show evenly spaced layers
@@ -143,7 +147,7 @@ def risk_lr_figure(lrs: np.ndarray, risk: np.ndarray, lr: float | None, edge: fl
     return fig
 
 
-def spectra_layers(result: Any) -> list[dict[str, Any]]:
+def spectra_layers(result: ScreenResult) -> list[dict[str, Any]]:
     """The eigenvalue-figure input of a ScreenResult."""
     return [
         {"layer": i, "eigenvalues": s.eigenvalues.numpy(), "kept": s.kept.numpy()} for i, s in enumerate(result.spectra)
@@ -199,7 +203,7 @@ def feature_table(features: dict[str, float]) -> pd.DataFrame:
     return table.rename_axis("feature").reset_index()
 
 
-def screen_html(result: Any, risk_model: Any) -> str:
+def screen_html(result: ScreenResult, risk_model: RiskModel) -> str:
     """The screen report: verdict and reason, spectra per layer, masses over depth, risk over lr, config."""
     data = result.to_dict()
     verdict = data["verdict"]
@@ -219,7 +223,7 @@ def screen_html(result: Any, risk_model: Any) -> str:
     )
     parts.append("<h2>Risk against learning rate</h2>")
     row = result.row()
-    if hasattr(risk_model, "risk_curve"):
+    if isinstance(risk_model, CalibratedRisk):
         lrs, curve = risk_model.risk_curve(row)
         figure = risk_lr_figure(lrs, curve, row.get("config.training.lr"), data["lr_edge"], risk_model.edge_level)
         parts.append(_img(_png_data(figure), "risk against learning rate"))
@@ -289,7 +293,7 @@ def sweep_html(frame: pd.DataFrame, axes: list[str], source: Path) -> str:
         f"<h1>rksp sweep: {html.escape(source.name)}</h1>",
         f"<p>{len(frame)} points, {len(frame) - len(ok)} failed.</p>",
     ]
-    if len(axes) == 2 and "risk" in ok:
+    if len(axes) == 2 and "risk" in ok and all(a in ok for a in axes):
         parts.append("<h2>Risk over " + " and ".join(a.removeprefix("config.") for a in axes) + "</h2>")
         parts.append(_img(_png_data(heatmap_figure(ok, axes[0], axes[1])), "risk heatmap"))
     if "risk" in ok:
@@ -305,7 +309,7 @@ def _tick(value: object) -> str:
     return f"{value:.3g}" if isinstance(value, float) else str(value)
 
 
-def compare_html(comparison: Any, markdown_table: str) -> str:
+def compare_html(comparison: Comparison, markdown_table: str) -> str:
     """The comparison as a page: the same rows as the Markdown summary, in HTML tables."""
 
     def frame(changes: list, headers: tuple[str, ...]) -> pd.DataFrame:
