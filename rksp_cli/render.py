@@ -1,4 +1,5 @@
-"""Terminal, JSON and CSV renderings of a screen result."""
+"""Terminal (rich), JSON, CSV and Markdown renderings: screens, probes, sweeps, calibration, fault
+injection, the watch dashboard and comparisons."""
 
 from __future__ import annotations
 

@@ -232,3 +232,22 @@ def test_metrics_reach_tensorboard_and_an_active_wandb_run(monkeypatch):
     mon.step(0)
     assert ("rksp/sa_entropy_min", 0) in writer.scalars
     assert logged and "rksp/sa_entropy_min" in logged[0][0] and logged[0][1] is False
+
+
+def test_watch_follows_the_log_until_interrupted(tmp_path, monkeypatch):
+    log = tmp_path / "m.jsonl"
+    log.write_text('{"event": "start", "every": 1, "monitors": ["r_metric"]}\n')
+    calls = []
+
+    def sleep(seconds):  # the job appends a check, then the user presses Ctrl-C
+        calls.append(seconds)
+        if len(calls) == 1:
+            with log.open("a") as f:
+                f.write(json.dumps({"step": 0, "loss": 4.2, "metrics": {"r_metric": 0.1}, "alerts": []}) + "\n")
+        else:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr("time.sleep", sleep)
+    result = CliRunner().invoke(app, ["watch", str(log), "--interval", "0.5"])
+    assert result.exit_code == 0, result.output
+    assert calls == [0.5, 0.5] and "R-Metric" in result.output
