@@ -5,18 +5,19 @@ run's, in how many the monitor alarmed after the fault, the median first-alarm s
 leads over divergence and over the loss departure, false alarms (before the fault, and on the
 clean control run of the same length), and the overhead at Monitor's default interval (mean check
 time / 50 median training steps). Run: make bench-faults (about 10 minutes on 2 cores; run it on
-a quiet machine, the overhead is a timing).
+a quiet machine, the overhead is a timing); ``python benchmarks/faults.py 3 4 5`` runs other seeds.
 """
 
 from __future__ import annotations
 
 import statistics
+import sys
 
 import torch
 
 from rksp_cli.faults import FAULTS, FaultJob, run_fault
 
-SEEDS = (0, 1, 2)
+SEEDS = (0, 1, 2)  # the thresholds were set on these; pass other seeds to check them held out
 
 
 def _median(values: list) -> str:
@@ -24,16 +25,16 @@ def _median(values: list) -> str:
     return f"{statistics.median(values):g}" if values else "-"
 
 
-def main() -> None:
+def main(seeds: tuple[int, ...] = SEEDS) -> None:
     torch.set_num_threads(1)
     rows = []
-    for seed in SEEDS:
+    for seed in seeds:
         clean = run_fault(None, FaultJob(seed=seed))
         rows += clean.summary()
         for fault in FAULTS:
             rows += run_fault(fault, FaultJob(seed=seed)).summary(clean)
     job = FaultJob()
-    print(f"{job.steps} steps, fault at step {job.inject_at}, checks every {job.every}, seeds {list(SEEDS)}\n")
+    print(f"{job.steps} steps, fault at step {job.inject_at}, checks every {job.every}, seeds {list(seeds)}\n")
     print("| fault | diverged | loss departed (median step) | monitor | alarmed | first alarm (median step) "
           "| lead over divergence | lead over loss | false alarms | overhead @50 |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|---|")
@@ -53,4 +54,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(tuple(int(s) for s in sys.argv[1:]) or SEEDS)
