@@ -168,3 +168,10 @@ def test_a_high_risk_screen_recommends_kss(write_yaml):
     data = json.loads(rksp("screen", path, "--json").stdout)
     assert data["verdict"] == "high"
     assert any("Koopman Spectral Shaping" in note for note in data["risk_model"]["notes"])
+
+
+def test_moe_gpt_screens_and_is_flagged_outside_the_dense_calibration(write_yaml):
+    path = write_yaml("model: {n_layers: 2, n_experts: 2}\ntraining: {lr: 0.003}\nprobe: {tokens: 512}\n")
+    data = json.loads(rksp("screen", path, "--json").stdout)
+    assert data["model"]["parameters"] > 0 and len(data["layers"]) == 2
+    assert any("n_experts = 2" in flag for flag in data["out_of_range"])
