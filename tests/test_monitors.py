@@ -40,7 +40,7 @@ def _sa_run(grow: bool) -> list[list[str]]:
         if check >= 12:
             v1 = torch.linalg.svd(layer.weight.detach()).Vh[0]
             x = x + 8 * v1 * torch.sign(x @ v1).mean().sign()
-        sa.armed = True
+        sa.sampler.armed = True
         layer(x)
         levels.append([a.level for a in sa.check(check)[1]])
     return levels

@@ -116,8 +116,8 @@ class Monitor:
 
     def _arm(self, on: bool) -> None:
         for m in self.monitors:
-            if hasattr(m, "armed"):
-                m.armed = on
+            if hasattr(m, "sampler"):
+                m.sampler.armed = on
 
     def _publish(self, step: int, loss: float | None, metrics: dict[str, float], alerts: list[Alert]) -> None:
         if self.log is not None:

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 import torch
+from torch import nn
 
 MAD_TO_SIGMA = 1.4826  # median absolute deviation of a normal sample, in standard deviations
 
@@ -27,20 +28,41 @@ class Alert:
 
 
 class Check(Protocol):
-    """What ``Monitor`` schedules. Optional extras: ``armed`` (capture inputs in the next forward),
-    ``tick()`` (called every step), ``remove()`` (detach hooks)."""
+    """What ``Monitor`` schedules. Optional extras: ``sampler`` (an InputSampler, armed for check
+    steps), ``tick()`` (called every step), ``remove()`` (detach hooks)."""
 
     name: str
 
     def check(self, step: int, loss: float | None) -> tuple[dict[str, float], list[Alert]]: ...
 
 
-def sample_rows(x: torch.Tensor, tokens: int, generator: torch.Generator) -> torch.Tensor:
-    """Up to ``tokens`` token vectors of a layer input (..., d), detached, in float32."""
-    x = x.detach().reshape(-1, x.shape[-1])
-    if x.shape[0] > tokens:
-        x = x[torch.randperm(x.shape[0], generator=generator)[:tokens].to(x.device)]
-    return x.float()
+class InputSampler:
+    """Forward pre-hooks keeping up to ``tokens`` input rows (detached, float32) of each module, on
+    armed steps only: ``Monitor`` arms them for the forward pass of a check step."""
+
+    def __init__(self, modules: dict[str, nn.Module], tokens: int, generator: torch.Generator):
+        self.tokens, self.armed, self.generator = tokens, True, generator
+        self.inputs: dict[str, torch.Tensor] = {}
+        self._handles = [m.register_forward_pre_hook(self._hook(name)) for name, m in modules.items()]
+
+    def _hook(self, name: str):
+        def hook(module: nn.Module, args: tuple) -> None:
+            if self.armed:
+                x = args[0].detach().reshape(-1, args[0].shape[-1])
+                if x.shape[0] > self.tokens:
+                    x = x[torch.randperm(x.shape[0], generator=self.generator)[: self.tokens].to(x.device)]
+                self.inputs[name] = x.float()
+
+        return hook
+
+    def take(self) -> dict[str, torch.Tensor]:
+        """The inputs captured since the last call."""
+        inputs, self.inputs = self.inputs, {}
+        return inputs
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
 
 
 class RobustDrift:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from rksp_cli.monitors.base import Alert, DriftAlarm, sample_rows
+from rksp_cli.monitors.base import Alert, DriftAlarm, InputSampler
 
 
 def find_routers(model: nn.Module) -> dict[str, nn.Module]:
@@ -70,30 +70,19 @@ class RouterHealth:
     def __init__(self, routers: dict[str, nn.Module], tokens: int = 2048, seed: int = 0):
         if not routers:
             raise ValueError("router health found no MoE routers")
-        self.routers, self.tokens = routers, tokens
-        self.armed = True
-        self.generator = torch.Generator().manual_seed(seed)
-        self._inputs: dict[str, torch.Tensor] = {}
+        self.routers = routers
+        self.sampler = InputSampler(routers, tokens, torch.Generator().manual_seed(seed))
         self.alarms = {
             (n, key): DriftAlarm(self.name, what, direction)
             for n in routers
             for key, what, direction in (("entropy", "routing entropy", -1), ("similarity", "expert similarity", 1))
         }
-        self._handles = [m.register_forward_pre_hook(self._hook(n)) for n, m in routers.items()]
-
-    def _hook(self, name: str):
-        def hook(module: nn.Module, args: tuple) -> None:
-            if self.armed:
-                self._inputs[name] = sample_rows(args[0], self.tokens, self.generator)
-
-        return hook
 
     def remove(self) -> None:
-        for handle in self._handles:
-            handle.remove()
+        self.sampler.remove()
 
     def check(self, step: int, loss: float | None = None) -> tuple[dict[str, float], list[Alert]]:
-        inputs, self._inputs = self._inputs, {}
+        inputs = self.sampler.take()
         metrics: dict[str, float] = {}
         alerts: list[Alert] = []
         for name, x in inputs.items():

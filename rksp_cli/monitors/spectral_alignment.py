@@ -35,7 +35,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from rksp_cli.monitors.base import Alert, Persistence, RobustDrift, sample_rows
+from rksp_cli.monitors.base import Alert, InputSampler, Persistence, RobustDrift
 
 WARNING_BITS, ALARM_BITS, PATIENCE, GROWTH_Z = 0.8, 0.5, 3, 4.0
 REARM_BITS = 0.9  # a warned layer warns again only after recovering above this
@@ -55,7 +55,7 @@ class SpectralAlignment:
         self, blocks: Sequence[nn.Module], prefix: str = "", tokens: int = 2048, iterations: int = 3, seed: int = 0
     ):
         """``prefix``: the blocks' module path, so layer names match the model's (``blocks.0.attn.qkv``)."""
-        self.tokens, self.iterations = tokens, iterations
+        self.iterations = iterations
         lead = f"{prefix}." if prefix else ""
         self.layers = {
             f"{lead}{i}.{name}": module
@@ -65,9 +65,8 @@ class SpectralAlignment:
         }
         if not self.layers:
             raise ValueError("spectral alignment found no nn.Linear layers in the blocks")
-        self.armed = True
-        self.generator = torch.Generator().manual_seed(seed)
-        self._inputs: dict[str, torch.Tensor] = {}
+        self.generator = torch.Generator().manual_seed(seed)  # token samples and power-iteration starts
+        self.sampler = InputSampler(self.layers, tokens, self.generator)
         self._v: dict[str, torch.Tensor] = {}
         self.exempt: set[str] = set()  # collapsed from the first check on: reported, never alerting
         self.persistence = Persistence(PATIENCE)
@@ -75,18 +74,9 @@ class SpectralAlignment:
         self._growth = {name: RobustDrift(direction=1, window=20) for name in self.layers}
         self._recent_z = {name: deque(maxlen=PATIENCE) for name in self.layers}
         self._dipped: set[str] = set()  # below the warning line now (warned once on the way down)
-        self._handles = [m.register_forward_pre_hook(self._hook(name)) for name, m in self.layers.items()]
-
-    def _hook(self, name: str):
-        def hook(module: nn.Module, args: tuple) -> None:
-            if self.armed:
-                self._inputs[name] = sample_rows(args[0], self.tokens, self.generator)
-
-        return hook
 
     def remove(self) -> None:
-        for handle in self._handles:
-            handle.remove()
+        self.sampler.remove()
 
     def top_singular(self, name: str) -> tuple[torch.Tensor, float]:
         """(v1, sigma_1) of the layer's weight."""
@@ -118,7 +108,7 @@ class SpectralAlignment:
         return recent[len(recent) // 2] if recent else 0.0
 
     def check(self, step: int, loss: float | None = None) -> tuple[dict[str, float], list[Alert]]:
-        inputs, self._inputs = self._inputs, {}
+        inputs = self.sampler.take()
         metrics: dict[str, float] = {}
         alerts: list[Alert] = []
         first = not self._log_sigma
