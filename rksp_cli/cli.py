@@ -291,7 +291,7 @@ def watch(
     except InputError as exc:
         _fail(exc)
     except KeyboardInterrupt:
-        pass
+        pass  # Ctrl-C is how a user stops watching: exit 0
 
 
 @app.command()

@@ -4,7 +4,8 @@ Components, each normalised over the last 100 checks:
 
 * l: hardware events since the previous check, measured, never simulated: step-time stragglers
   (a step slower than 3x the median of the last 50), and on NVIDIA GPUs (with ``pynvml``) new
-  volatile ECC errors, PCIe replays and hardware/thermal slowdown reasons. No GPU: stragglers only.
+  volatile ECC errors, PCIe replays and hardware/thermal slowdown reasons (not yet run on a GPU).
+  No GPU: stragglers only.
 * s2: variance across parameter tensors of their gradient L2 norms (read before clipping).
 * dL: |loss - mean of the last <= 10 checked losses|, 10 when the loss is non-finite.
 
@@ -75,9 +76,9 @@ def _nvml_counters():
 
         pynvml.nvmlInit()
         handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
-    except Exception:  # no pynvml, or a driver without NVML: stragglers only
+        slowdown = pynvml.nvmlClocksThrottleReasonHwSlowdown | pynvml.nvmlClocksThrottleReasonSwThermalSlowdown
+    except Exception:  # no pynvml, a driver without NVML, or a pynvml without these names: stragglers only
         return None
-    slowdown = pynvml.nvmlClocksThrottleReasonHwSlowdown | pynvml.nvmlClocksThrottleReasonSwThermalSlowdown
 
     def counters() -> int:
         total = 0
