@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,12 +60,6 @@ def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
-        return True
-    return a == b
-
-
 def compare_screens(before_path: Path, after_path: Path) -> Comparison:
     a, b = load_screen(before_path), load_screen(after_path)
     outcome = [
@@ -77,5 +70,5 @@ def compare_screens(before_path: Path, after_path: Path) -> Comparison:
     features = [k for k in dict.fromkeys([*a["features"], *b["features"]]) if k in HEADLINE or k.endswith("_mean")]
     outcome += [Change(f"feature.{k}", a["features"].get(k), b["features"].get(k)) for k in features]
     fa, fb = _flat(a["config"]), _flat(b["config"])
-    config = [Change(k, fa.get(k), fb.get(k)) for k in dict.fromkeys([*fa, *fb]) if not _same(fa.get(k), fb.get(k))]
+    config = [Change(k, fa.get(k), fb.get(k)) for k in dict.fromkeys([*fa, *fb]) if fa.get(k) != fb.get(k)]
     return Comparison(before_path, after_path, outcome, config)

@@ -67,7 +67,6 @@ class FaultRun:
     alerts: list[Alert]
     step_seconds: float  # median training step, monitors excluded
     monitor_seconds: dict[str, float]  # mean per check
-    checks: int
     monitors: list[str] = field(default_factory=list)
 
     def first_alarm(self, monitor: str) -> int | None:
@@ -203,7 +202,6 @@ def run_fault(fault: str | None, job: FaultJob = FaultJob(), monitors: list[str]
         alerts=alerts,
         step_seconds=sorted(step_times)[len(step_times) // 2] if step_times else math.nan,
         monitor_seconds={name: s / checks for name, s in monitor.seconds.items()},
-        checks=checks,
         monitors=monitor.names,
     )
 

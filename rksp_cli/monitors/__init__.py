@@ -70,7 +70,7 @@ class Monitor:
         wanted = set(MONITORS if monitors is None else monitors)
         if unknown := wanted - set(MONITORS):
             raise ValueError(f"unknown monitors {sorted(unknown)}; choose from {', '.join(MONITORS)}")
-        self.model, self.every, self.tensorboard = model, every, tensorboard
+        self.every, self.tensorboard = every, tensorboard
         self.monitors: list[Check] = []
         if "spectral_alignment" in wanted:
             prefix, blocks = residual_blocks(model)
