@@ -95,6 +95,8 @@ FEATURE_SETS = {
 }
 SHIPPED = "hyperparameters + size + spectra (shipped)"
 
+FOLDS = 5  # grouped cross-validation folds, a group being one configuration
+
 # Training settings the shipped runs hold fixed: a config that differs is outside the calibration.
 FIXED_SETTINGS = ("config.training.optimizer", "config.training.weight_decay", "config.training.grad_clip",
                   "config.training.batch_size", "config.training.betas", "config.model.n_experts")  # fmt: skip
@@ -125,7 +127,7 @@ class DivergenceModel:
     features: tuple[str, ...] = HYPER + SIZE + SPECTRA
     C: float = 1.0
     method: str = "sigmoid"  # sigmoid (Platt) | isotonic
-    folds: int = 5
+    folds: int = FOLDS
     # fitted state: plain numbers, so the model round-trips through JSON
     columns: list[str] = field(default_factory=list)
     medians: list[float] = field(default_factory=list)
@@ -143,7 +145,10 @@ class DivergenceModel:
 
         y = frame["label"].to_numpy(int)
         if len(np.unique(y)) < 2:
-            raise InputError("calibration data: every run has the same label; a classifier needs both outcomes")
+            raise InputError(
+                "calibration data: a set of runs to fit holds one outcome only (every run diverged, or none "
+                "did); a classifier needs both, in every cross-validation fold: add configurations"
+            )
         X = design(frame, self.features)
         keep = [c for c in X.columns if X[c].nunique(dropna=True) > 1]  # constant columns carry nothing
         X = X[keep]
@@ -157,6 +162,8 @@ class DivergenceModel:
             return LogisticRegression(C=self.C, max_iter=5000)
 
         groups = frame["config_id"].to_numpy()
+        if len(np.unique(groups)) < 2:
+            raise InputError("calibration data: runs of one configuration only; Platt scaling needs held-out scores")
         scores = np.empty(len(y))
         for train, test in GroupKFold(n_splits=min(self.folds, len(np.unique(groups)))).split(Z, y, groups):
             if len(np.unique(y[train])) < 2:
@@ -248,7 +255,7 @@ def ece(y: np.ndarray, p: np.ndarray, bins: int = 10) -> float:
     return sum(r["n"] * abs(r["predicted"] - r["observed"]) for r in reliability(y, p, bins)) / len(y)
 
 
-def grouped_oof(frame: pd.DataFrame, make: Callable[[], DivergenceModel], folds: int = 5) -> np.ndarray:
+def grouped_oof(frame: pd.DataFrame, make: Callable[[], DivergenceModel], folds: int = FOLDS) -> np.ndarray:
     """Held-out probabilities: each row predicted by a model fitted without its configuration."""
     from sklearn.model_selection import GroupKFold
 
@@ -343,7 +350,19 @@ def read_runs(path: Path) -> pd.DataFrame:
             raise InputError(f"{path}: no {column!r} column; produce runs with `rksp sweep --probe`")
     if "error" in frame:
         frame = frame[frame["error"].isna()]
-    return frame.dropna(subset=["label"]).reset_index(drop=True)
+    frame = frame.dropna(subset=["label"]).reset_index(drop=True)
+    n_configs = frame["config_id"].nunique()
+    if n_configs < FOLDS:
+        raise InputError(
+            f"{path}: {len(frame)} labelled runs of {n_configs} configuration(s); the held-out evaluation "
+            f"groups runs by configuration into {FOLDS} folds, so it needs at least {FOLDS} configurations"
+        )
+    if frame["label"].nunique() < 2:
+        raise InputError(
+            f"{path}: every run has label {int(frame['label'].iloc[0])}; a classifier needs runs that "
+            "diverged and runs that did not"
+        )
+    return frame
 
 
 def fixed_settings(frame: pd.DataFrame) -> dict[str, Any]:

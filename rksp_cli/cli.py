@@ -6,6 +6,7 @@ Exit codes: 0 screened (and under the gate), 1 risk above ``--fail-above``, 2 ba
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,11 +22,15 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
+from rich.text import Text
 
-from rksp_cli import __version__
+from rksp_cli import MAX_SEED, __version__
+from rksp_cli.budget import DEFAULT_MAX_MINUTES
 from rksp_cli.errors import InputError, UnassessableError
+from rksp_cli.files import check_writable
 
 if TYPE_CHECKING:
+    from rksp_cli.budget import Cost
     from rksp_cli.risk import RiskModel
     from rksp_cli.screen import ScreenResult
 
@@ -35,6 +40,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
 )
 out = Console()
 err = Console(stderr=True)
@@ -48,15 +54,37 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def main(
+    ctx: typer.Context,
     version: Annotated[
         bool, typer.Option("--version", callback=_version, is_eager=True, help="Show the version.")
     ] = False,
+    threads: Annotated[
+        int | None,
+        typer.Option(
+            "--threads",
+            min=1,
+            metavar="N",
+            help="torch threads. Default: 1 for probe and faults (small models lose to thread "
+            "overhead, badly on a busy machine), torch's own (one per core) for screen.",
+        ),
+    ] = None,
 ) -> None:
     """rksp: residual Koopman spectral profiling, from a config to a calibrated verdict."""
+    ctx.obj = {"threads": threads}
+
+
+def _use_threads(ctx: typer.Context, default: int | None) -> None:
+    """Pin torch's thread count: --threads, else the command's own default (None: torch's)."""
+    threads = (ctx.obj or {}).get("threads") or default
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
 
 
 @app.command()
 def screen(
+    ctx: typer.Context,
     path: Annotated[
         Path, typer.Argument(help="Screen config (.yaml), transformers config.json, checkpoint dir or .safetensors.")
     ],
@@ -81,19 +109,36 @@ def screen(
     profile: Annotated[bool, typer.Option("--profile", help="Print where the time went, per layer.")] = False,
     device: Annotated[str, typer.Option("--device", help="cpu or cuda[:N] for the forward pass and the DMD.")] = "cpu",
     report: Annotated[Path | None, typer.Option("--report", help="Write a self-contained HTML report (.html).")] = None,
-    plot: Annotated[Path | None, typer.Option("--plot", help="Write the eigenvalue figure alone (.png).")] = None,
+    plot: Annotated[
+        Path | None, typer.Option("--plot", metavar="FILE", help="Write the eigenvalue figure alone (.png).")
+    ] = None,
+    max_minutes: Annotated[
+        float,
+        typer.Option("--max-minutes", min=0.0, metavar="MIN", help="Refuse a screen estimated to take longer."),
+    ] = DEFAULT_MAX_MINUTES,
+    force: Annotated[
+        bool, typer.Option("--force", help="Run even if the estimated memory or time does not fit.")
+    ] = False,
 ) -> None:
-    """Profile the residual stream at init and score the risk that training diverges."""
+    """Profile the residual stream at init and score the risk that training diverges.
+
+    Exit codes: 0 scored (and under --fail-above), 1 risk above --fail-above, 2 bad input,
+    3 not assessable (no risk could be scored: the exit is never 0 then).
+    """
     from rksp_cli import render
+    from rksp_cli.budget import Budget
     from rksp_cli.models import BuildOptions
     from rksp_cli.risk import RuleBasedRisk, default_risk_model
     from rksp_cli.screen import screen as run_screen
     from rksp_cli.spec import load_spec
 
+    _use_threads(ctx, None)
     if json_ and csv:
         _fail(InputError("--json and --csv are exclusive: pick one output format"))
-    _check_suffix("--report", report, ".html")
-    _check_suffix("--plot", plot, ".png")
+    _check_output("--report", report, ".html")
+    _check_output("--plot", plot, ".png")
+    console = err if json_ or csv else out
+    budget = Budget(seconds=max_minutes * 60, force=force, notify=lambda cost: _announce(cost, console))
     try:
         spec = load_spec(path, set_)
         options = BuildOptions(allow_pickle=allow_pickle, stream=stream, device=device)
@@ -101,7 +146,7 @@ def screen(
         if fail_above is not None and spec.training.lr is None and not isinstance(risk_model, RuleBasedRisk):
             raise InputError("training.lr: --fail-above needs the learning rate the run will use")
         with _layer_progress() as on_layer:
-            result = run_screen(spec, risk_model, options, on_layer)
+            result = run_screen(spec, risk_model, options, on_layer, budget)
     except (InputError, UnassessableError) as exc:
         _fail(exc)
 
@@ -112,16 +157,22 @@ def screen(
     else:
         render.render(result, out)
     if profile:
-        render.render_profile(result, err if json_ or csv else out)
-    _write_figures(result, risk_model, report, plot, err if json_ or csv else out)
-    if fail_above is not None and result.risk.risk > fail_above:
-        if not json_ and not csv:
-            err.print(f"[red]gate: risk {result.risk.risk:.2f} is above --fail-above {fail_above}[/red]")
-        raise typer.Exit(1)
+        render.render_profile(result, console)
+    _write_figures(result, risk_model, report, plot, console)
+    risk = result.risk.risk
+    if not math.isfinite(risk):
+        _fail(UnassessableError(f"{result.risk.reason}; set it (--set training.lr=...) to score the run"))
+    if fail_above is not None:
+        gated = f"risk {risk:.2f} ({result.risk.model})"
+        if risk > fail_above:
+            err.print(f"gate: {gated} is above --fail-above {fail_above}", style="red", markup=False)
+            raise typer.Exit(1)
+        console.print(f"gate: {gated} is at or below --fail-above {fail_above}", markup=False)
 
 
 @app.command()
 def probe(
+    ctx: typer.Context,
     path: Annotated[Path, typer.Argument(help="Screen config (.yaml) of a built-in gpt.")],
     steps: Annotated[
         int | None, typer.Option("--steps", min=1, help="Training steps (default training.steps).")
@@ -136,6 +187,7 @@ def probe(
     from rksp_cli.probe import probe as run_probe
     from rksp_cli.spec import load_spec
 
+    _use_threads(ctx, 1)
     overrides = list(set_ or [])
     overrides += [f"training.steps={steps}"] if steps else []
     overrides += [f"training.task={task}"] if task else []
@@ -169,13 +221,12 @@ def sweep(
 ) -> None:
     """Screen (and with --probe, label) every point of a grid; rerun the same command to resume."""
     from rksp_cli import render
-    from rksp_cli.report import heatmap_figure, save_png, sweep_axes, sweep_html, write_html
+    from rksp_cli.report import heatmap_axes, heatmap_figure, save_png, sweep_html, write_html
     from rksp_cli.sweep import load_grid, run_sweep
 
     if backend not in ("local", "ray"):
         _fail(InputError(f"--backend: expected local or ray, got {backend!r}"))
-    if out_path.suffix != ".parquet":
-        _fail(InputError(f"--out {out_path}: expected a .parquet path"))
+    _check_output("--out", out_path, ".parquet")
     try:
         points = load_grid(grid)
         with _progress("sweep", len(points), failures=True) as advance:
@@ -184,9 +235,7 @@ def sweep(
         _fail(exc)
     render.render_sweep(frame, out_path, out)
     ok = frame[frame["error"].isna()] if "error" in frame else frame
-    axes = (
-        [f"config.{a.strip().removeprefix('config.')}" for a in heatmap.split(",")] if heatmap else sweep_axes(ok)[:2]
-    )
+    axes = [f"config.{a.strip().removeprefix('config.')}" for a in heatmap.split(",")] if heatmap else heatmap_axes(ok)
     if "risk" in ok and len(axes) == 2 and all(a in ok for a in axes):
         png = save_png(heatmap_figure(ok, axes[0], axes[1]), out_path.with_name(out_path.stem + "-heatmap.png"))
         out.print(f"heatmap: {png}")
@@ -214,6 +263,9 @@ def calibrate(
 
     if method not in ("sigmoid", "isotonic"):
         _fail(InputError(f"--method: expected sigmoid or isotonic, got {method!r}"))
+    markdown = report_path or out_path.with_suffix(".md")
+    _check_output("--out", out_path, ".json")
+    _check_output("--report", markdown, ".md")
     try:
         frame = read_runs(runs)
         with err.status("grouped cross-validation of every feature set and baseline"):
@@ -222,7 +274,6 @@ def calibrate(
     except InputError as exc:
         _fail(exc)
     save_calibration(out_path, model, report, frame)
-    markdown = report_path or out_path.with_suffix(".md")
     with atomic_path(markdown) as tmp:
         tmp.write_text(render.calibration_markdown(report, source=runs))
     render.render_calibration(report, out)
@@ -231,13 +282,14 @@ def calibrate(
 
 @app.command()
 def faults(
+    ctx: typer.Context,
     fault: Annotated[
         list[str] | None, typer.Option("--fault", help="Inject only this fault (repeatable; default all).")
     ] = None,
     steps: Annotated[int, typer.Option("--steps", min=2, help="Training steps per run.")] = 600,
     inject_at: Annotated[int, typer.Option("--inject-at", min=1, help="Step at which the fault starts.")] = 200,
     every: Annotated[int, typer.Option("--every", min=1, help="Monitor interval in steps.")] = 10,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the model and the data.")] = 0,
+    seed: Annotated[int, typer.Option("--seed", min=0, max=MAX_SEED, help="Seed of the model and the data.")] = 0,
     json_: Annotated[bool, typer.Option("--json", help="Print the per-monitor rows as JSON.")] = False,
 ) -> None:
     """Inject training faults into a small job and report which monitors alarm, how early, and false alarms."""
@@ -246,6 +298,7 @@ def faults(
     from rksp_cli import render
     from rksp_cli.faults import FAULTS, FaultJob, run_fault
 
+    _use_threads(ctx, 1)
     chosen = fault or list(FAULTS)
     if unknown := [f for f in chosen if f not in FAULTS]:
         _fail(InputError(f"--fault: unknown {', '.join(unknown)}; choose from {', '.join(FAULTS)}"))
@@ -280,11 +333,19 @@ def watch(
     from rksp_cli.watch import read_log
 
     try:
-        dashboard = render.watch_dashboard(read_log(log))
+        metrics = read_log(log)
         if not follow:
-            out.print(dashboard)
+            out.print(render.watch_dashboard(metrics))
             return
-        with Live(dashboard, console=out, refresh_per_second=4) as live:
+        if not out.is_terminal:  # a CI log or a pipe: print the dashboard again whenever a check arrives
+            shown = -1
+            while True:
+                if len(metrics.checks) != shown:
+                    out.print(render.watch_dashboard(metrics))
+                    shown = len(metrics.checks)
+                time.sleep(interval)
+                metrics = read_log(log)
+        with Live(render.watch_dashboard(metrics), console=out, refresh_per_second=4) as live:
             while True:
                 time.sleep(interval)
                 live.update(render.watch_dashboard(read_log(log)))
@@ -308,7 +369,7 @@ def compare(
 
     if format_ not in ("table", "markdown"):
         _fail(InputError(f"--format: expected table or markdown, got {format_!r}"))
-    _check_suffix("--report", report, ".html")
+    _check_output("--report", report, ".html")
     try:
         comparison = compare_screens(before, after)
     except InputError as exc:
@@ -323,9 +384,20 @@ def compare(
         err.print(f"report: {report}")
 
 
-def _check_suffix(option: str, path: Path | None, suffix: str) -> None:
-    if path is not None and path.suffix.lower() != suffix:
+def _check_output(option: str, path: Path | None, suffix: str) -> None:
+    """An output path is checked before the work: its suffix, and that its folder takes a new file."""
+    if path is None:
+        return
+    if path.suffix.lower() != suffix:
         _fail(InputError(f"{option} {path}: expected a {suffix} path"))
+    try:
+        check_writable(path, option)
+    except InputError as exc:
+        _fail(exc)
+
+
+def _announce(cost: Cost, console: Console) -> None:
+    console.print(f"estimate: {cost.describe()}", style="dim", markup=False, highlight=False)
 
 
 def _write_figures(
@@ -366,6 +438,8 @@ def _progress(label: str, total: int, failures: bool = False) -> Iterator[Callab
 
 
 def _fail(exc: InputError | UnassessableError) -> None:
+    """One line on stderr, the message verbatim (never read as markup), then the error's exit code."""
     label = "cannot assess" if isinstance(exc, UnassessableError) else "error"
-    err.print(f"[bold red]{label}:[/bold red] {exc}", highlight=False, soft_wrap=True)
+    line = Text.assemble((f"{label}:", "bold red"), " ", str(exc))
+    err.print(line, highlight=False, soft_wrap=True)
     raise typer.Exit(exc.exit_code)

@@ -45,6 +45,16 @@ def sweep_axes(frame: pd.DataFrame) -> list[str]:
     ]
 
 
+def heatmap_axes(frame: pd.DataFrame) -> list[str]:
+    """The heatmap's default (x, y): the learning rate, when it varies, and the first other axis.
+
+    Averaging the learning rate away would hide the one axis every risk depends on most.
+    """
+    axes = sweep_axes(frame)
+    lr = "config.training.lr"
+    return ([lr, *(a for a in axes if a != lr)] if lr in axes else axes)[:2]
+
+
 def save_png(fig: Any, path: Path) -> Path:
     with atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=120, format="png")
@@ -256,6 +266,9 @@ def heatmap_figure(frame: pd.DataFrame, x: str, y: str) -> Any:
         ax.set_ylabel(y.removeprefix("config."))
         ax.set_title(title)
         fig.colorbar(image, ax=ax, fraction=0.046)
+    averaged = [a.removeprefix("config.") for a in sweep_axes(frame) if a not in (x, y)]
+    if averaged:
+        fig.suptitle(f"averaged over {', '.join(averaged)} and seeds", fontsize=9)
     fig.tight_layout()
     return fig
 

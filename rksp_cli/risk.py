@@ -131,6 +131,8 @@ class CalibratedRisk:
         out_of_range = model.out_of_range(frame)
         for setting, value in cal.fixed_settings.items():
             mine = row.get(f"config.{setting}")
+            if mine is None:  # a field the config leaves to the model (a transformers MoE): what was measured
+                mine = _plain(row.get(f"feature.{setting.rpartition('.')[2]}"))
             mine = ",".join(map(str, mine)) if isinstance(mine, (list, tuple)) else mine
             if mine != value and not (mine is None and value is None):
                 out_of_range.append(f"{setting} = {mine} (calibrated only at {_plain(value)})")
@@ -145,7 +147,7 @@ class CalibratedRisk:
             risk = float(model.predict_proba(frame)[0])
             if edge is not None and math.isfinite(edge):
                 ratio = lr / edge
-                where = f"{ratio:.1f}x above" if ratio > 1 else f"{1 / ratio:.1f}x below"
+                where = f"{_times(ratio)} above" if ratio > 1 else f"{_times(1 / ratio)} below"
                 reason = f"lr {lr:.2g} is {where} the predicted edge {edge:.2g} (risk {self.edge_level:g})"
             else:
                 reason = f"lr {lr:.2g}; {edge_text}"
@@ -193,6 +195,11 @@ class CalibratedRisk:
         contrib = model.contributions(frame)[0]
         order = np.argsort(contrib)[::-1]
         return [model.columns[i] for i in order[:top] if contrib[i] > 0]
+
+
+def _times(ratio: float) -> str:
+    """A ratio people can read: 3.2x, 450x, 1e+300x (never 300 digits)."""
+    return f"{ratio:.1f}x" if ratio < 100 else f"{ratio:.3g}x"
 
 
 def _plain(value: Any) -> Any:

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from rksp_cli import __version__
+from rksp_cli.budget import Budget, Cost, ModelShape, screen_cost
 from rksp_cli.capture import capture_residual_stream, sample_positions
 from rksp_cli.data import screen_batch
 from rksp_cli.errors import UnassessableError
@@ -43,6 +44,7 @@ class ScreenResult:
     risk: RiskAssessment
     timings: dict[str, Any]  # seconds: build, forward, dmd, and per layer under "layers"
     warnings: list[str] = field(default_factory=list)
+    cost: Cost | None = None  # the estimate the screen was admitted on (None for a model built by the caller)
 
     @property
     def config(self) -> dict[str, Any]:
@@ -87,6 +89,9 @@ class ScreenResult:
             "config": self.config,
             "warnings": self.warnings,
             "timings_s": self.timings,
+            "estimate": None
+            if self.cost is None
+            else {"memory_bytes": self.cost.memory_bytes, "seconds": self.cost.seconds},
         }
 
 
@@ -95,13 +100,28 @@ def screen(
     risk_model: RiskModel | None = None,
     options: BuildOptions | None = None,
     on_layer: ProgressCallback | None = None,
+    budget: Budget | None = None,
 ) -> ScreenResult:
-    """Screen one configuration. Raises ``InputError`` (exit 2) or ``UnassessableError`` (exit 3)."""
+    """Screen one configuration. Raises ``InputError`` (exit 2) or ``UnassessableError`` (exit 3).
+
+    ``budget`` (default: this machine's available memory and an hour) is checked against the
+    screen's estimated cost before any weight is made; a config that does not fit is an
+    ``InputError`` naming the field to change.
+    """
     options = options or BuildOptions()
+    budget = budget or Budget()
+    admitted: list[Cost] = []
+
+    def check(shape: ModelShape, fields: str) -> None:
+        admitted.append(screen_cost(shape, spec.probe.tokens))
+        budget.check(admitted[-1], fields)
+
     t = time.perf_counter()
-    subject = build_subject(spec.model, spec.probe.seed, options)
+    subject = build_subject(spec.model, spec.probe.seed, options, check)
     timings = {"build": time.perf_counter() - t}
-    return screen_subject(subject, spec, risk_model, on_layer, timings, device=options.device)
+    result = screen_subject(subject, spec, risk_model, on_layer, timings, device=options.device)
+    result.cost = admitted[-1] if admitted else None
+    return result
 
 
 def screen_subject(
@@ -128,6 +148,12 @@ def screen_subject(
     def consume(index: int, state: torch.Tensor) -> None:
         """Profile transition index-1 -> index as soon as h_index exists; keep only h_index."""
         nonlocal distinct
+        if not torch.isfinite(state).all():
+            where = "the embeddings (h_0)" if index == 0 else f"the output of block {index - 1}"
+            raise UnassessableError(
+                f"{where} holds NaN or inf values: the forward pass overflows at this init (is the init "
+                "scale too large?), so there is no spectrum to measure; a run from it diverges at step 0"
+            )
         stream_rms.append(float(state.square().mean().sqrt()))
         if previous:
             X, Y = _distinct_columns(previous.pop().T, state.T)
@@ -162,6 +188,7 @@ def screen_subject(
         degenerate_layers=float(n_degenerate),
         n_layers=float(subject.n_layers),
         d_model=float(subject.d_model),
+        n_experts=float(subject.summary.get("n_experts", 0)),
     )
     if init_loss is not None:
         features["init_loss"] = float(init_loss)
@@ -216,7 +243,4 @@ def _warnings(spectra: list[LayerSpectrum], d: int, n_tokens: int, distinct: int
             f"{len(degenerate)} near-identity block(s) {degenerate} excluded from the aggregates; "
             "re-profile after a few hundred training steps"
         )
-    fallback = [i for i, s in enumerate(spectra) if s.filter_fallback]
-    if fallback:
-        out.append(f"ResDMD filter kept no eigenvalue in layer(s) {fallback}; all eigenvalues used there")
     return out

@@ -23,6 +23,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from rksp_cli import MAX_SEED
 from rksp_cli.errors import InputError
 from rksp_cli.models.gpt import NORMS, GPTConfig
 from rksp_cli.tasks import TASKS
@@ -44,7 +45,8 @@ def _rank(value: Any) -> Any:
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # inf and nan are never a setting: a non-finite lr or init scale cannot be scored, so refuse it
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class ModelSpec(_Section):
@@ -59,7 +61,7 @@ class ModelSpec(_Section):
     n_heads: Annotated[int, Field(ge=1)] | None = None
     vocab_size: Annotated[int, Field(ge=2)] | None = None
     seq_len: Annotated[int, Field(ge=2)] | None = None
-    init_std: Annotated[float, Field(ge=0)] | None = None
+    init_std: Annotated[float, Field(gt=0)] | None = None
     mlp_ratio: Annotated[int, Field(ge=1)] | None = None
     zero_init_residual: bool | None = None
     n_experts: Annotated[int, Field(ge=0)] | None = None
@@ -125,7 +127,7 @@ class ProbeSpec(_Section):
 
     tokens: Annotated[int, Field(ge=8)] = 2048
     rank: Annotated[Literal["auto", "full"] | int, BeforeValidator(_rank)] = "auto"
-    seed: int = 0
+    seed: Annotated[int, Field(ge=0, le=MAX_SEED)] = 0
     input: str = "random"
     residual_tol: Annotated[float, Field(gt=0)] | None = 0.1
 
@@ -200,7 +202,7 @@ def _raw_from_path(path: Path) -> dict[str, Any]:
         where = f" (line {mark.line + 1})" if mark is not None else ""
         raise InputError(f"{path}: not valid YAML{where}") from None
     if raw is None:
-        raw = {}
+        raise InputError(f"{path}: the file is empty; write at least one section (model, training or probe)")
     if not isinstance(raw, dict):
         raise InputError(f"{path}: expected a mapping with model/training/probe sections")
     _resolve_relative_paths(raw, path.parent)
@@ -225,8 +227,10 @@ def _apply_override(raw: dict[str, Any], item: str) -> None:
     key, sep, text = item.partition("=")
     if not sep or not all(key.strip().split(".")):
         raise InputError(f"--set {item!r}: expected SECTION.FIELD=VALUE, e.g. training.lr=3e-3")
+    if not text.strip():
+        raise InputError(f"--set {item!r}: no value after '='; write null to unset a field")
     try:
-        value = yaml.safe_load(text) if text.strip() else None
+        value = yaml.safe_load(text)
     except yaml.YAMLError:
         value = text
     set_field(raw, key.strip(), value, where=f"--set {item!r}")

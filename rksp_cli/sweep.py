@@ -41,6 +41,10 @@ from rksp_cli.spec import load_spec, set_field, spec_from_dict
 
 Progress = Callable[[int, int, int], None]  # (done, total, failed)
 
+# A sweep's size limit (design choice): 100,000 screens is days of CPU time; a grid past it is a
+# typo (num: 1e8) far more often than a plan, and `sample:` draws a subset of any size of grid.
+MAX_POINTS = 100_000
+
 
 @dataclass(frozen=True)
 class Point:
@@ -75,12 +79,23 @@ def load_grid(path: str | Path) -> list[Point]:
     if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) for s in seeds):
         raise InputError(f"{path}: seeds: expected a non-empty list of integers")
 
-    combos = list(itertools.product(*values.values()))
+    sizes = [len(v) for v in values.values()]
+    total = math.prod(sizes)
     if "sample" in grid:
         n = grid["sample"]
         if not isinstance(n, int) or n < 1:
             raise InputError(f"{path}: sample: expected a positive integer")
-        combos = random.Random(grid.get("sample_seed", 0)).sample(combos, min(n, len(combos)))
+        # sample indices of the product, never the product itself: a huge grid costs nothing
+        chosen_index = random.Random(grid.get("sample_seed", 0)).sample(range(total), min(n, total))
+        combos = [_combo(values, i) for i in chosen_index]
+    else:
+        if total * len(seeds) > MAX_POINTS:
+            largest = max(values, key=lambda name: len(values[name]))
+            raise InputError(
+                f"{path}: axes: {total * len(seeds):,} points (axes.{largest} alone has {len(values[largest]):,} "
+                f"values), over the {MAX_POINTS:,} a sweep takes; add sample: N for a random subset"
+            )
+        combos = list(itertools.product(*values.values()))
     points = []
     for combo in combos:
         for seed in seeds:
@@ -93,6 +108,15 @@ def load_grid(path: str | Path) -> list[Point]:
             spec = spec_from_dict(raw, source=where)
             points.append(Point(spec.key(), spec.resolved()))
     return list({p.key: p for p in points}.values())  # identical points run once
+
+
+def _combo(values: dict[str, list[Any]], index: int) -> tuple[Any, ...]:
+    """The ``index``-th combination of ``itertools.product(*values.values())``."""
+    out = []
+    for options in reversed(list(values.values())):
+        index, i = divmod(index, len(options))
+        out.append(options[i])
+    return tuple(reversed(out))
 
 
 def _axis_values(path: Path, name: str, spec: Any) -> list[Any]:
@@ -113,9 +137,12 @@ def _axis_values(path: Path, name: str, spec: Any) -> list[Any]:
             or len(bounds) != 2
             or math.isnan(lo + hi)
             or not isinstance(num, int)
+            or isinstance(num, bool)
             or num < 1
         ):
             raise InputError(f"{where}: expected {{{kind}: [low, high], num: N}} with numbers and N >= 1")
+        if num > MAX_POINTS:
+            raise InputError(f"{where}: num {num:,} is over the {MAX_POINTS:,} points a sweep takes")
         if kind == "log":
             if lo <= 0 or hi <= 0:
                 raise InputError(f"{where}: log range bounds must be positive")
@@ -126,15 +153,41 @@ def _axis_values(path: Path, name: str, spec: Any) -> list[Any]:
 
 
 class Store:
-    """The durable result journal: one committed SQLite row per finished point."""
+    """The durable result journal: one committed SQLite row per finished point.
 
-    def __init__(self, out: Path):
+    The journal records the settings that change what a row holds (today: whether points were
+    probed). Resuming with other settings would skip every point and export rows of the wrong
+    kind, so it is refused before any work.
+    """
+
+    def __init__(self, out: Path, probe: bool = False):
         self.out = Path(out)
         self.journal = self.out.with_name(self.out.name + ".journal")
-        self.db = sqlite3.connect(self.journal)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("CREATE TABLE IF NOT EXISTS points (key TEXT PRIMARY KEY, row TEXT NOT NULL)")
-        self.db.commit()
+        try:
+            self.db = sqlite3.connect(self.journal)
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("CREATE TABLE IF NOT EXISTS points (key TEXT PRIMARY KEY, row TEXT NOT NULL)")
+            self.db.execute("CREATE TABLE IF NOT EXISTS settings (name TEXT PRIMARY KEY, value TEXT NOT NULL)")
+            self.db.commit()
+        except sqlite3.DatabaseError as exc:
+            raise InputError(f"{self.journal}: not a readable sweep journal ({exc})") from None
+        self._agree(probe)
+
+    def _agree(self, probe: bool) -> None:
+        stored = dict(self.db.execute("SELECT name, value FROM settings"))
+        if "probe" not in stored:  # a new journal, or one from before settings were recorded
+            first = self.db.execute("SELECT row FROM points LIMIT 1").fetchone()
+            if first is None:
+                self.db.execute("INSERT INTO settings VALUES ('probe', ?)", (json.dumps(probe),))
+                self.db.commit()
+                return
+            stored["probe"] = json.dumps("label" in json.loads(first[0]))
+        if json.loads(stored["probe"]) != probe:
+            made, asked = ("with", "without") if json.loads(stored["probe"]) else ("without", "with")
+            raise InputError(
+                f"{self.journal}: this journal was made {made} --probe and this run is {asked} it; rerun "
+                "with the same settings to resume, or give another --out"
+            )
 
     def keys(self) -> set[str]:
         return {k for (k,) in self.db.execute("SELECT key FROM points")}
@@ -191,7 +244,7 @@ def run_sweep(
     on_progress: Progress | None = None,
 ) -> pd.DataFrame:
     """Run every point not yet in the store, then export the store to ``out``."""
-    store = Store(out)
+    store = Store(out, probe)
     try:
         done = store.keys()
         todo = [p for p in points if p.key not in done]

@@ -51,7 +51,12 @@ def read_log(path: Path) -> MetricsLog:
     if not path.is_file():
         raise InputError(f"{path}: no such metrics log (Monitor(..., log=...) writes one)")
     log = MetricsLog(path)
-    lines = path.read_text().splitlines()
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise InputError(f"{path}: not a metrics log (binary data, not JSON lines)") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read ({exc.strerror or type(exc).__name__})") from None
     for i, line in enumerate(lines):
         if not line.strip():
             continue

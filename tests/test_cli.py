@@ -82,9 +82,16 @@ def test_identity_blocks_exit_3_with_the_reason(write_yaml):
 
 
 def test_transformers_config_json_is_accepted_directly(hf_config_file):
-    result = rksp("screen", hf_config_file("llama"), *SMALL, "--json")
+    result = rksp("screen", hf_config_file("llama"), *SMALL, "--set", "training.lr=3e-4", "--json")
     assert result.exit_code == 0, result.stderr
     assert json.loads(result.stdout)["model"]["architecture"] == "LlamaModel"
+
+
+def test_a_screen_without_a_learning_rate_shows_the_edge_but_never_exits_0(hf_config_file):
+    result = rksp("screen", hf_config_file("llama"), *SMALL, "--json")
+    assert result.exit_code == 3, result.stderr
+    assert json.loads(result.stdout)["lr_edge"] is not None  # the edge is still reported
+    assert "training.lr is not set" in result.stderr
 
 
 @pytest.mark.parametrize(

@@ -13,8 +13,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from rksp_cli.budget import ModelShape
 from rksp_cli.errors import InputError
 from rksp_cli.models.gpt import GPT
+
+# Shown the model's shape (and what sets its size) once it is known and before any weight is
+# made: the screen's cost check, which raises InputError to stop a build that cannot fit.
+ShapeCheck = Callable[[ModelShape, str], None]
 
 
 @dataclass
@@ -53,16 +58,42 @@ class BuildOptions:
             )
 
 
-def build_subject(model_spec: Any, seed: int, options: BuildOptions = BuildOptions()) -> Subject:
-    """Build (and initialise or load) the model a ``ModelSpec`` describes, deterministically."""
+def build_subject(
+    model_spec: Any, seed: int, options: BuildOptions = BuildOptions(), check: ShapeCheck | None = None
+) -> Subject:
+    """Build (and initialise or load) the model a ``ModelSpec`` describes, deterministically.
+
+    ``check`` sees the model's shape before any weight exists (the model is first built on the
+    meta device), so a model that cannot fit is refused before it is allocated.
+    """
     torch.manual_seed(seed)
     if model_spec.arch == "gpt":
-        return _gpt_subject(GPT(model_spec.gpt_config()).to(options.device), options.device)
+        cfg = model_spec.gpt_config()
+        if check is not None:
+            with torch.device("meta"):
+                check(gpt_shape(GPT(cfg)), "model.d_model, model.n_layers")
+        return _gpt_subject(GPT(cfg).to(options.device), options.device)
     from rksp_cli.models import hf  # transformers is slow to import; only pay for it when used
 
+    check = check or (lambda shape, fields: None)
     if model_spec.checkpoint is not None:
-        return hf.load_checkpoint(model_spec.checkpoint, model_spec.hf_config, model_spec.seq_len, options)
-    return hf.from_config(model_spec.hf_config, model_spec.seq_len, model_spec.init_std, seed, options)
+        return hf.load_checkpoint(model_spec.checkpoint, model_spec.hf_config, model_spec.seq_len, options, check)
+    return hf.from_config(model_spec.hf_config, model_spec.seq_len, model_spec.init_std, seed, options, check)
+
+
+def gpt_shape(model: GPT) -> ModelShape:
+    cfg = model.cfg
+    return ModelShape(
+        parameters=sum(p.numel() for p in model.parameters()),
+        block_parameters=sum(p.numel() for p in model.blocks[0].parameters()),
+        n_layers=cfg.n_layers,
+        d_model=cfg.d_model,
+        vocab_size=cfg.vocab_size,
+        seq_len=cfg.seq_len,
+        n_heads=cfg.n_heads,
+        lm_head=True,
+        streamed=False,
+    )
 
 
 def _gpt_subject(model: GPT, device: str) -> Subject:
@@ -83,6 +114,11 @@ def _gpt_subject(model: GPT, device: str) -> Subject:
         vocab_size=cfg.vocab_size,
         seq_len=cfg.seq_len,
         d_model=cfg.d_model,
-        summary={"source": "built-in gpt", "architecture": f"GPT ({cfg.norm})", "parameters": n_params},
+        summary={
+            "source": "built-in gpt",
+            "architecture": f"GPT ({cfg.norm})",
+            "parameters": n_params,
+            "n_experts": cfg.n_experts,
+        },
         forward=forward,
     )

@@ -71,14 +71,20 @@ class RandomInit:
 class CheckpointWeights:
     """Trained weights read per part: safetensors lazily (``safe_open``), pickle only if allowed.
 
-    Non-persistent buffers (rotary frequencies, masks) are not in checkpoints; the modules that
-    own buffers are initialised first, then every parameter and persistent buffer is loaded.
+    Names are matched directly (with or without the model's base prefix); transformers' key
+    conversions are not applied here, so a block weight the checkpoint names differently is an
+    error that says so. Non-persistent buffers (rotary frequencies, masks) are not in checkpoints;
+    the modules that own buffers are initialised first, then every parameter and persistent buffer
+    is loaded. Weights outside the blocks that the checkpoint lacks keep their init values and are
+    listed in ``missing``.
     """
 
-    def __init__(self, model: nn.Module, files: list[Path], allow_pickle: bool):
+    def __init__(self, model: nn.Module, files: list[Path], allow_pickle: bool, blocks: str):
         self.model = model
+        self.blocks = f"{blocks}."
         self.prefix = f"{model.base_model_prefix}." if getattr(model, "base_model_prefix", "") else ""
         self.where: dict[str, tuple[Path, str]] = {}  # model key -> (file, checkpoint key)
+        self.missing: set[str] = set()
         self._handles: dict[Path, object] = {}
         self._pickled: dict[Path, dict[str, torch.Tensor]] = {}
         for path in files:
@@ -125,14 +131,35 @@ class CheckpointWeights:
             for local, tensor in {**params, **buffers}.items():
                 key = prefix + local
                 if key not in self.where:
-                    if local in params:  # a persistent buffer may be absent: it keeps its init value
-                        raise InputError(f"checkpoint lacks weight {key!r} that the config's model has")
+                    if local not in params:  # a persistent buffer may be absent: it keeps its init value
+                        continue
+                    if key.startswith(self.blocks):
+                        raise InputError(
+                            f"checkpoint lacks weight {key!r} of a screened block; if the checkpoint names it "
+                            "differently (per-expert weights, say), screen with --no-stream, which loads "
+                            "through transformers' own key conversions"
+                        )
+                    self.missing.add(key)
+                    owner = module.get_submodule(local.rpartition(".")[0])
+                    _init(self.model, owner, recurse=False)
                     continue
                 value = self._tensor(key)
                 if value.shape != tensor.shape:
                     got, want = tuple(value.shape), tuple(tensor.shape)
                     raise InputError(f"checkpoint weight {key!r} has shape {got}; the config wants {want}")
+                if value.is_floating_point() and not torch.isfinite(value).all():
+                    raise InputError(
+                        f"checkpoint weight {key!r} holds NaN or inf values; only finite weights can be screened"
+                    )
                 tensor.copy_(value)
+
+
+def first_non_finite(module: nn.Module) -> str | None:
+    """The name of the first parameter holding NaN or inf, in the module's own order."""
+    for name, param in module.named_parameters():
+        if param.is_floating_point() and not torch.isfinite(param).all():
+            return name
+    return None
 
 
 def _persistent_buffer_names(module: nn.Module, recurse: bool) -> set[str]:

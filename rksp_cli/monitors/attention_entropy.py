@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from rksp_cli.monitors.base import Alert, DriftAlarm
+from rksp_cli.monitors.base import Alert, DriftAlarm, linear_weight
 
 
 @dataclass
@@ -41,7 +41,7 @@ class QKSite:
 
 
 def find_attention(model: nn.Module) -> list[QKSite]:
-    """The built-in GPT's fused qkv, or transformers-style q_proj / k_proj pairs."""
+    """The built-in GPT's fused qkv, transformers-style q_proj / k_proj pairs, or GPT-2's fused c_attn."""
     from rksp_cli.models.gpt import CausalSelfAttention
 
     config = getattr(model, "config", None)
@@ -52,12 +52,20 @@ def find_attention(model: nn.Module) -> list[QKSite]:
             sites.append(
                 QKSite(name, lambda m=m, d=d: (m.qkv.weight[:d], m.qkv.weight[d : 2 * d]), m.n_heads, m.n_heads)
             )
-        elif isinstance(getattr(m, "q_proj", None), nn.Linear) and isinstance(getattr(m, "k_proj", None), nn.Linear):
-            heads = getattr(config, "num_attention_heads", None)
-            if heads is None:
-                continue
-            kv = getattr(config, "num_key_value_heads", None) or heads
-            sites.append(QKSite(name, lambda m=m: (m.q_proj.weight, m.k_proj.weight), heads, kv))
+            continue
+        heads = getattr(config, "num_attention_heads", None)
+        if heads is None:
+            continue
+        kv = getattr(config, "num_key_value_heads", None) or heads
+        q, k = (getattr(m, n, None) for n in ("q_proj", "k_proj"))
+        if q is not None and k is not None and linear_weight(q) is not None and linear_weight(k) is not None:
+            sites.append(QKSite(name, lambda q=q, k=k: (linear_weight(q), linear_weight(k)), heads, kv))
+        elif linear_weight(fused := getattr(m, "c_attn", None)) is not None and not getattr(m, "is_cross_attention", 0):
+            # GPT-2: one fused Conv1D holds W_Q, W_K and W_V, each d x d
+            d = linear_weight(fused).shape[1]
+            sites.append(
+                QKSite(name, lambda f=fused, d=d: (linear_weight(f)[:d], linear_weight(f)[d : 2 * d]), heads, heads)
+            )
     return sites
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+import sys
 from collections import deque
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
@@ -34,6 +35,17 @@ class Check(Protocol):
     name: str
 
     def check(self, step: int, loss: float | None) -> tuple[dict[str, float], list[Alert]]: ...
+
+
+def linear_weight(module: nn.Module) -> torch.Tensor | None:
+    """The (out, in) weight of a linear layer: ``nn.Linear``, or transformers' ``Conv1D`` (GPT-2),
+    which stores it transposed; None for any other module."""
+    if isinstance(module, nn.Linear):
+        return module.weight
+    conv1d = getattr(sys.modules.get("transformers.pytorch_utils"), "Conv1D", None)  # imported if in use
+    if conv1d is not None and isinstance(module, conv1d):
+        return module.weight.T
+    return None
 
 
 class InputSampler:

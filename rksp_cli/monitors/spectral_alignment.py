@@ -5,7 +5,8 @@ SA(x_t) = <x_t, v1> / |x_t|. The binary entropy H_s of the fraction p+ of positi
 while the inputs spread on both sides of v1, and falls towards 0 when they collapse onto one side,
 the state in which a consistently signed gradient error grows sigma_1 step after step.
 
-Defaults (the reference's design choices): every linear layer inside the residual blocks; up to
+Defaults (the reference's design choices): every linear layer inside the residual blocks (``nn.Linear``,
+and transformers' transposed ``Conv1D`` of GPT-2); up to
 2048 sampled input tokens per matrix from a forward pre-hook on check steps only; v1 by 3 warm-started
 power iterations in float32, its sign anchored to the previous check's (flip when <v1_new, v1_old> < 0);
 a warning when H_s falls below 0.8 bit (again only after recovering above 0.9); an alarm when
@@ -35,7 +36,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from rksp_cli.monitors.base import Alert, InputSampler, Persistence, RobustDrift
+from rksp_cli.monitors.base import Alert, InputSampler, Persistence, RobustDrift, linear_weight
 
 WARNING_BITS, ALARM_BITS, PATIENCE, GROWTH_Z = 0.8, 0.5, 3, 4.0
 REARM_BITS = 0.9  # a warned layer warns again only after recovering above this
@@ -61,10 +62,10 @@ class SpectralAlignment:
             f"{lead}{i}.{name}": module
             for i, block in enumerate(blocks)
             for name, module in block.named_modules()
-            if isinstance(module, nn.Linear)
+            if linear_weight(module) is not None
         }
         if not self.layers:
-            raise ValueError("spectral alignment found no nn.Linear layers in the blocks")
+            raise ValueError("spectral alignment found no linear layers (nn.Linear or Conv1D) in the blocks")
         self.generator = torch.Generator().manual_seed(seed)  # token samples and power-iteration starts
         self.sampler = InputSampler(self.layers, tokens, self.generator)
         self._v: dict[str, torch.Tensor] = {}
@@ -80,7 +81,7 @@ class SpectralAlignment:
 
     def top_singular(self, name: str) -> tuple[torch.Tensor, float]:
         """(v1, sigma_1) of the layer's weight."""
-        W = self.layers[name].weight.detach().float()
+        W = linear_weight(self.layers[name]).detach().float()
         v = self._v.get(name)
         fresh = v is None
         if fresh:

@@ -1,0 +1,172 @@
+"""What a screen will cost, estimated from the model's shape before any weight is made.
+
+A screen of a config that cannot fit (d_model 10**6, probe.tokens 10**9, a 70B model without
+streaming on a laptop) must be refused in a second with the field to change, not crash after
+minutes of allocation. The model is first built on the meta device (no storage), which gives its
+exact parameter counts; the estimate below turns them into peak memory and wall time.
+
+The estimate is deliberately simple and says so ("≈"): memory is the sum of the largest terms
+(weights, one block's activations, the captured states, the DMD's matrices, plus the interpreter
+and its libraries); time is floating-point work over a throughput. The throughputs were measured
+on the 2-core development VM (README, "Cost estimate") and scale with the torch thread count.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from rksp_cli.errors import InputError
+
+RUNTIME_BYTES = 0.6e9  # Python, torch and transformers loaded, before any model (measured: ~550 MB RSS)
+MATMUL_FLOPS_PER_THREAD = 2.0e10  # float32 forward pass (design constant, measured on the dev VM)
+EIG_FLOPS = 1.2e10  # float64 eig/SVD work of the DMD; LAPACK's eig barely scales with threads
+DEFAULT_MAX_MINUTES = 60.0
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the estimate needs to know about a model; counted on the meta device."""
+
+    parameters: int
+    block_parameters: int  # of the largest block
+    n_layers: int
+    d_model: int
+    vocab_size: int
+    seq_len: int
+    n_heads: int
+    lm_head: bool  # the forward pass computes vocabulary logits (the built-in GPT)
+    streamed: bool  # one block materialised at a time
+
+
+@dataclass(frozen=True)
+class Cost:
+    """Estimated peak memory and wall time of one screen, and the config field that drives each."""
+
+    memory_bytes: float
+    seconds: float
+    memory_driver: str
+    time_driver: str
+    shape: ModelShape
+
+    def describe(self) -> str:
+        s = self.shape
+        streamed = ", streamed" if s.streamed else ""
+        return (
+            f"{_count(s.parameters)} parameters, {s.n_layers} blocks, d={s.d_model}{streamed}: "
+            f"≈ {_bytes(self.memory_bytes)} peak memory, ≈ {_duration(self.seconds)}"
+        )
+
+
+def screen_cost(shape: ModelShape, tokens: int, threads: int | None = None) -> Cost:
+    """Peak memory and time of a screen on ``tokens`` token states."""
+    if threads is None:
+        import torch
+
+        threads = torch.get_num_threads()
+    s = shape
+    batch_tokens = math.ceil(tokens / s.seq_len) * s.seq_len
+    sequences = batch_tokens // s.seq_len
+    r = min(s.d_model, tokens)
+    weights = 4.0 * (s.parameters - (s.n_layers - 2) * s.block_parameters if s.streamed else s.parameters)
+    # a block's widest activations: about (its parameters / d) features per token, plus attention scores
+    activations = 4.0 * batch_tokens * (s.block_parameters / s.d_model + 4 * s.d_model)
+    activations += 8.0 * sequences * s.n_heads * s.seq_len**2
+    logits = 12.0 * batch_tokens * s.vocab_size if s.lm_head else 0.0
+    states = 10 * 8.0 * tokens * s.d_model  # h_l, h_l+1, their copies while whitening (float64)
+    dmd = 12 * 16.0 * r * r  # Gram matrix, operator, eigenvectors and their inverse (complex128)
+    memory = {
+        "weights": weights,
+        "activations": activations + logits,
+        "spectra": states + dmd,
+    }
+    forward = 2.0 * batch_tokens * (s.n_layers * s.block_parameters + (s.d_model * s.vocab_size if s.lm_head else 0))
+    forward += 4.0 * batch_tokens * s.seq_len * s.d_model * s.n_layers
+    spectra = s.n_layers * (6.0 * s.d_model * tokens * r + 30.0 * r**3)
+    seconds = forward / (MATMUL_FLOPS_PER_THREAD * threads) + spectra / EIG_FLOPS
+    return Cost(
+        memory_bytes=RUNTIME_BYTES + sum(memory.values()),
+        seconds=seconds,
+        memory_driver=_driver(max(memory, key=memory.get)),
+        time_driver="probe.tokens" if spectra / EIG_FLOPS > forward / MATMUL_FLOPS_PER_THREAD else "model size",
+        shape=shape,
+    )
+
+
+def _driver(term: str) -> str:
+    return {"weights": "model size", "activations": "probe.tokens and model.seq_len", "spectra": "probe.tokens"}[term]
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Limits a screen must fit before it starts; ``force`` runs it anyway (the estimate is rough)."""
+
+    memory_bytes: float | None = None  # None: what this machine has available now
+    seconds: float | None = DEFAULT_MAX_MINUTES * 60
+    force: bool = False
+    notify: Callable[[Cost], None] | None = None  # shown the estimate before the work starts
+
+    def check(self, cost: Cost, model_fields: str) -> None:
+        """Raise ``InputError`` naming the field to change when ``cost`` does not fit.
+
+        ``model_fields`` names what sets the model's size (``model.d_model, model.n_layers`` for the
+        built-in GPT, the config file for a transformers model).
+        """
+        if not self.force:
+            self._refuse_if_over(cost, model_fields)
+        if self.notify is not None:
+            self.notify(cost)
+
+    def _refuse_if_over(self, cost: Cost, model_fields: str) -> None:
+        limit = self.memory_bytes if self.memory_bytes is not None else available_memory()
+        if limit is not None and cost.memory_bytes > limit:
+            field = model_fields if cost.memory_driver == "model size" else cost.memory_driver
+            raise InputError(
+                f"{field}: this screen needs ≈ {_bytes(cost.memory_bytes)} of memory and "
+                f"{_bytes(limit)} is available ({cost.describe()}); make it smaller, or pass --force"
+            )
+        if self.seconds is not None and cost.seconds > self.seconds:
+            field = model_fields if cost.time_driver == "model size" else cost.time_driver
+            raise InputError(
+                f"{field}: this screen would take ≈ {_duration(cost.seconds)}, over the "
+                f"{_duration(self.seconds)} limit; raise --max-minutes, or pass --force"
+            )
+
+
+def available_memory() -> float | None:
+    """Bytes the kernel says a new allocation can use now (MemAvailable), or None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return float(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _count(n: float) -> str:
+    for unit, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g}{unit}"
+    return str(int(n))
+
+
+def _bytes(n: float) -> str:
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n / 1e3:.3g} kB"
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 3600:
+        return f"{seconds / 3600:.3g} h"
+    if seconds >= 60:
+        return f"{seconds / 60:.3g} min"
+    return f"{max(seconds, 0.1):.2g} s"
