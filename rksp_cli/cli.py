@@ -7,12 +7,14 @@ Exit codes: 0 screened (and under the gate), 1 risk above ``--fail-above``, 2 ba
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+import typer.core
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -34,7 +36,36 @@ if TYPE_CHECKING:
     from rksp_cli.risk import RiskModel
     from rksp_cli.screen import ScreenResult
 
+
+class _OneLineUsageErrors(typer.core.TyperGroup):
+    """Usage errors (a bad flag value, a missing argument) as one line on stderr, exit 2, like every
+    other bad input, rather than click's usage block: CI logs and scripts read the first line."""
+
+    def main(self, args: Any = None, prog_name: Any = None, complete_var: Any = None, standalone_mode: bool = True,
+             **extra: Any) -> Any:  # fmt: skip
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except typer.TyperException as exc:  # click's exceptions, as typer vendors them
+            if not standalone_mode:
+                raise
+            message = exc.format_message()
+            if "\n" in message:  # `rksp` alone: the help text itself
+                Console(stderr=True).print(message, markup=False, highlight=False)
+            else:
+                Console(stderr=True).print(Text.assemble(("error:", "bold red"), " ", message), highlight=False)
+            sys.exit(exc.exit_code)
+        except typer.Abort:
+            if not standalone_mode:
+                raise
+            Console(stderr=True).print("Aborted.")
+            sys.exit(130)
+        if standalone_mode:
+            sys.exit(rv if isinstance(rv, int) else 0)
+        return rv
+
+
 app = typer.Typer(
+    cls=_OneLineUsageErrors,
     name="rksp",
     help="Screen a transformer training run for divergence before launch.",
     no_args_is_help=True,
@@ -162,12 +193,11 @@ def screen(
     risk = result.risk.risk
     if not math.isfinite(risk):
         _fail(UnassessableError(f"{result.risk.reason}; set it (--set training.lr=...) to score the run"))
-    if fail_above is not None:
-        gated = f"risk {risk:.2f} ({result.risk.model})"
+    if fail_above is not None:  # the gate reads the risk shown above, from the model named there
         if risk > fail_above:
-            err.print(f"gate: {gated} is above --fail-above {fail_above}", style="red", markup=False)
+            err.print(f"gate: risk {risk:.2f} > --fail-above {fail_above}: fail", style="red", markup=False)
             raise typer.Exit(1)
-        console.print(f"gate: {gated} is at or below --fail-above {fail_above}", markup=False)
+        console.print(f"gate: risk {risk:.2f} <= --fail-above {fail_above}: pass", markup=False)
 
 
 @app.command()

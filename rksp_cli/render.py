@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 import pandas as pd
+from rich import box
 from rich.console import Console, Group
 from rich.panel import Panel
 from rich.table import Table
@@ -15,7 +16,7 @@ from rich.text import Text
 
 from rksp_cli.compare import Change, Comparison
 from rksp_cli.faults import FaultRun
-from rksp_cli.probe import ProbeResult
+from rksp_cli.probe import BASELINE_STEP, ProbeResult
 from rksp_cli.report import sweep_axes
 from rksp_cli.risk import format_risk
 from rksp_cli.screen import ScreenResult
@@ -119,13 +120,20 @@ def render_probe(result: ProbeResult, console: Console) -> None:
     style = "bold red" if result.diverged else "bold green"
     table = Table(show_header=False, box=None, pad_edge=False)
     table.add_column(style="dim")
-    table.add_column()
+    table.add_column(overflow="fold")
     table.add_row("outcome", Text("DIVERGED" if result.diverged else "stable", style=style) + f"  {result.reason}")
     losses = result.losses
     table.add_row("loss", f"{fmt(losses[0])} -> {fmt(losses[-1])} over {len(losses)} steps")
     table.add_row("gradient norm", f"{fmt(result.grad_norms[0])} -> {fmt(result.grad_norms[-1])} (pre-clip)")
+    k = min(BASELINE_STEP, len(result.grad_norms))
+    labels = {
+        "init_grad_norm": "initial gradient norm",
+        "grad_norm_at_k": f"gradient norm at step {k}",
+        "grad_norm_var_k": f"gradient variance, steps 1-{k}",
+        "loss_spikes": "loss spikes (> 1.5x the 20-step median)",
+    }
     for name, value in result.baselines.items():
-        table.add_row(name.replace("_", " "), fmt(value))
+        table.add_row(labels.get(name, name), str(int(value)) if name == "loss_spikes" else fmt(value))
     if result.screen is not None:
         r = result.screen.risk
         screen = f"risk {r.risk:.2f} ({r.verdict}); near-unit mass {result.screen.features['near_unit_mass_mean']:.2f}"
@@ -151,7 +159,7 @@ def render_sweep(frame: pd.DataFrame, path: Path, console: Console, top: int = 1
     columns = ["risk", *axes, *(["label"] if "label" in ok else [])]
     table = Table(title=f"riskiest {min(top, len(ok))} points", title_justify="left")
     for col in columns:
-        table.add_column(col.removeprefix("config."), justify="right")
+        table.add_column(col.removeprefix("config."), justify="right", overflow="fold")
     for _, row in ok.nlargest(top, "risk").iterrows():
         table.add_row(*(_cell(row[c]) for c in columns))
     console.print(table)
@@ -161,7 +169,7 @@ def render_sweep(frame: pd.DataFrame, path: Path, console: Console, top: int = 1
         edges = ok.groupby(arch, dropna=False)["lr_edge"].median().reset_index() if arch else ok[["lr_edge"]].median()
         table = Table(title="predicted stability edge (median lr over seeds)", title_justify="left")
         for col in [*arch, "lr_edge"]:
-            table.add_column(col.removeprefix("config."), justify="right")
+            table.add_column(col.removeprefix("config."), justify="right", overflow="fold")
         for _, row in edges.iterrows() if arch else [(0, edges)]:
             table.add_row(*(_cell(row[c]) for c in [*arch, "lr_edge"]))
         console.print(table)
@@ -189,7 +197,7 @@ def render_calibration(report: dict, console: Console) -> None:
     )
     table = Table(title=title, title_justify="left")
     for col in ("model / score", "AUROC", "95% CI", "AUROC no-norm", "Brier", "ECE"):
-        table.add_column(col, justify="left" if col == "model / score" else "right")
+        table.add_column(col, justify="left" if col == "model / score" else "right", overflow="fold")
     for name, m in report["models"].items():
         table.add_row(name, *_metric_cells(m))
     console.print(table)
@@ -250,7 +258,9 @@ def watch_dashboard(log: MetricsLog, recent: int = 8) -> Group:
     )
     signals = Table(title="signals", title_justify="left", expand=True)
     for header in ("signal", "latest", "extreme so far", "trend"):
-        signals.add_column(header, justify="right" if header in ("latest", "extreme so far") else "left")
+        signals.add_column(
+            header, justify="right" if header in ("latest", "extreme so far") else "left", overflow="fold"
+        )
     for label, family, combine in HEADLINES:
         points = log.series(family, combine)
         if points:
@@ -261,7 +271,7 @@ def watch_dashboard(log: MetricsLog, recent: int = 8) -> Group:
         found = [a for a in log.alerts() if a.get("level") == level]
         table = Table(title=f"{level}s: {len(found)} in all, latest {shown}", title_justify="left", expand=True)
         for header in ("step", "monitor", "layer", "reason"):
-            table.add_column(header, style=style if header == "monitor" else None)
+            table.add_column(header, style=style if header == "monitor" else None, overflow="fold")
         for a in found[-shown:]:
             table.add_row(str(a["step"]), a["monitor"], a.get("layer") or "-", a["reason"])
         tables.append(table)
@@ -278,26 +288,31 @@ def fault_rows(runs: list[FaultRun]) -> list[dict]:
 
 
 def render_faults(runs: list[FaultRun], console: Console) -> None:
-    table = Table(title="fault injection: when each monitor alarmed", title_justify="left")
-    headers = ("fault", "diverged", "loss departs", "monitor", "first alarm", "lead over divergence",
-               "lead over loss", "false alarms", "overhead @50")  # fmt: skip
-    for header in headers:
-        table.add_column(header, justify="left" if header in ("fault", "monitor") else "right")
+    """One small table per run (a fault, or the clean run), its outcome in the title: 80 columns."""
 
     def cell(value: object) -> str:
         return "-" if value is None else str(value)
 
-    previous = None
-    for row in fault_rows(runs):
-        if previous is not None and row["fault"] != previous:
-            table.add_section()
-        previous = row["fault"]
-        table.add_row(
-            row["fault"], cell(row["diverged_step"]), cell(row["loss_departs"]), row["monitor"],
-            cell(row["first_alarm"]), cell(row["lead_steps"]), cell(row["lead_over_loss"]),
-            str(row["false_alarms"]), f"{row['overhead_pct']:.2f}%",
-        )  # fmt: skip
-    console.print(table)
+    rows = fault_rows(runs)
+    for fault in dict.fromkeys(row["fault"] for row in rows):
+        mine = [row for row in rows if row["fault"] == fault]
+        first = mine[0]
+        outcome = [
+            "did not diverge" if first["diverged_step"] is None else f"diverged at step {first['diverged_step']}"
+        ]
+        if fault != "clean":
+            departs = first["loss_departs"]
+            outcome.append("loss never departs" if departs is None else f"loss departs at step {departs}")
+        table = Table(title=f"{fault}: {', '.join(outcome)}", title_justify="left", box=box.SIMPLE_HEAD)
+        table.add_column("monitor", no_wrap=True, min_width=max(len(row["monitor"]) for row in mine))
+        for header in ("first\nalarm", "lead over\ndivergence", "lead over\nloss", "false\nalarms", "overhead"):
+            table.add_column(header, justify="right")
+        for row in mine:
+            table.add_row(
+                row["monitor"], cell(row["first_alarm"]), cell(row["lead_steps"]), cell(row["lead_over_loss"]),
+                str(row["false_alarms"]), f"{row['overhead_pct']:.2f}%",
+            )  # fmt: skip
+        console.print(table)
     job = runs[0].job
     console.print(
         f"{job.steps} steps, fault at step {job.inject_at}, checks every {job.every} steps. 'loss departs': the "
@@ -321,7 +336,7 @@ def _delta(change: Change) -> str:
 def render_comparison(c: Comparison, console: Console) -> None:
     table = Table(title=f"{c.before.name} → {c.after.name}", title_justify="left")
     for header in ("", "before", "after", "change"):
-        table.add_column(header, justify="left" if not header else "right")
+        table.add_column(header, justify="left" if not header else "right", overflow="fold")
     for change in c.outcome:
         style = "bold" if change.item == "verdict" and c.verdict_changed else None
         table.add_row(change.item, _value(change.before), _value(change.after), _delta(change), style=style)
@@ -329,7 +344,7 @@ def render_comparison(c: Comparison, console: Console) -> None:
     if c.config:
         config = Table(title="config changes", title_justify="left")
         for header in ("field", "before", "after"):
-            config.add_column(header)
+            config.add_column(header, overflow="fold")
         for change in c.config:
             config.add_row(change.item, _value(change.before), _value(change.after))
         console.print(config)

@@ -26,7 +26,7 @@ def test_deepnorm_and_subln_scale_the_branch_weights_as_their_papers_do():
     torch.manual_seed(0)
     deep = GPT(GPTConfig(norm="deepnorm", d_model=64, n_layers=4, init_std=0.02))
     beta = (8 * 4) ** -0.25
-    assert torch.allclose(deep.blocks[0].mlp.fc.weight, plain.blocks[0].mlp.fc.weight * beta)
+    assert torch.equal(deep.blocks[0].mlp.fc.weight, plain.blocks[0].mlp.fc.weight * beta)
     assert torch.equal(deep.blocks[0].attn.qkv.weight[:128], plain.blocks[0].attn.qkv.weight[:128])  # q, k untouched
     assert deep.blocks[0].alpha == pytest.approx(8**0.25)
 
@@ -46,10 +46,10 @@ def test_capture_reads_embeddings_and_block_outputs_before_the_final_norm():
     assert len(states) == 4 and states[0].shape == (100, 64) and states[0].dtype == torch.float64
     with torch.no_grad():
         h = model.embed(ids)
-        assert torch.allclose(states[0], h.reshape(-1, 64)[positions].double())
+        assert torch.equal(states[0], h.reshape(-1, 64)[positions].double())
         for block in model.blocks:
             h = block(h)
-    assert torch.allclose(states[-1], h.reshape(-1, 64)[positions].double())
+    assert torch.equal(states[-1], h.reshape(-1, 64)[positions].double())
     assert not any(b._forward_hooks or b._forward_pre_hooks for b in model.blocks)  # hooks removed
 
 
@@ -65,8 +65,8 @@ def test_capture_on_transformers_skips_the_final_norm_that_hidden_states_applies
     capture = capture_residual_stream(model.h, lambda: model(input_ids=ids, output_hidden_states=True), positions)
     states, out = capture.states, capture.result
     hidden = [h.reshape(-1, 32).double() for h in out.hidden_states]
-    for i in range(len(hidden) - 1):
-        assert torch.allclose(states[i], hidden[i], atol=1e-6)
+    for i in range(len(hidden) - 1):  # the very tensors transformers returns, widened exactly to float64
+        assert torch.equal(states[i], hidden[i])
     assert not torch.allclose(states[-1], hidden[-1], atol=1e-3)  # transformers' last entry is ln_f(h_L)
-    with torch.no_grad():
-        assert torch.allclose(model.ln_f(states[-1].float()).double(), hidden[-1], atol=1e-5)
+    with torch.no_grad():  # the same float32 LayerNorm on the same input: the same bits
+        assert torch.equal(model.ln_f(states[-1].float()).double(), hidden[-1])

@@ -29,6 +29,7 @@ from rksp_cli.models.streaming import (
     checkpoint_files,
     first_non_finite,
     non_block_parts,
+    open_safetensors,
     place,
 )
 
@@ -110,6 +111,9 @@ def load_checkpoint(
         streamer = _materialize(model, layout, weights, options.device)
         _guard_missing(model, layout, weights.missing)
         return _subject(model, config, layout, options, source, streamer, sorted(weights.missing))
+    for file in files:  # a corrupt file is named here; transformers would name only the folder
+        if file.suffix == ".safetensors":
+            open_safetensors(file)
     model, missing = _from_pretrained(path, config, files)
     if inside := [k for k in missing if k.startswith(f"{layout.name}.")]:
         raise InputError(f"{path}: checkpoint lacks weight {inside[0]!r} of a screened block")

@@ -18,7 +18,7 @@ import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -94,12 +94,7 @@ class CheckpointWeights:
 
     def _keys(self, path: Path, allow_pickle: bool) -> list[str]:
         if path.suffix == ".safetensors":
-            from safetensors import safe_open
-
-            try:
-                handle = safe_open(str(path), framework="pt", device="cpu")
-            except Exception as exc:
-                raise InputError(f"{path}: not a readable safetensors file: {exc}") from None
+            handle = open_safetensors(path)
             self._handles[path] = handle
             return list(handle.keys())
         if not allow_pickle:
@@ -149,9 +144,20 @@ class CheckpointWeights:
                     raise InputError(f"checkpoint weight {key!r} has shape {got}; the config wants {want}")
                 if value.is_floating_point() and not torch.isfinite(value).all():
                     raise InputError(
-                        f"checkpoint weight {key!r} holds NaN or inf values; only finite weights can be screened"
+                        f"checkpoint weight {self.where[key][1]!r} holds NaN or inf values; only finite weights "
+                        "can be screened"
                     )
                 tensor.copy_(value)
+
+
+def open_safetensors(path: Path) -> Any:
+    """A lazy handle on a safetensors file (reads its header only), with an error naming the file."""
+    from safetensors import safe_open
+
+    try:
+        return safe_open(str(path), framework="pt", device="cpu")
+    except Exception as exc:
+        raise InputError(f"{path}: not a readable safetensors file: {exc}") from None
 
 
 def first_non_finite(module: nn.Module) -> str | None:
