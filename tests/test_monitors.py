@@ -120,6 +120,7 @@ def test_published_r_metric_false_alarms_on_a_falling_loss_and_the_robust_one_do
         ),
         ("llama", ["spectral_alignment", "attention_entropy", "r_metric"]),
         ("mixtral", ["spectral_alignment", "attention_entropy", "router", "r_metric"]),
+        ("gpt2", ["spectral_alignment", "attention_entropy", "r_metric"]),  # Conv1D projections
     ],
 )
 def test_monitor_picks_the_monitors_that_apply(make, expected):
@@ -127,6 +128,38 @@ def test_monitor_picks_the_monitors_that_apply(make, expected):
 
     model = AutoModel.from_config(hf_config(make)) if isinstance(make, str) else make()
     assert Monitor(model).names == expected
+
+
+def test_monitors_read_gpt2_conv1d_weights_as_the_linear_maps_they_are():
+    """GPT-2 stores every projection transposed (Conv1D): sigma_1 and W_Q must come out the same as
+    from an equivalent nn.Linear."""
+    from transformers import GPT2Model
+
+    from rksp_cli.monitors.base import linear_weight
+
+    torch.manual_seed(0)
+    model = GPT2Model(hf_config("gpt2"))
+    conv = model.h[0].mlp.c_fc
+    linear = nn.Linear(conv.weight.shape[0], conv.weight.shape[1])
+    linear.weight.data = conv.weight.data.T.clone()
+    assert torch.equal(linear_weight(conv), linear.weight)
+    site = find_attention(model)[0]
+    q, _ = site.weights()
+    d = model.config.n_embd
+    assert q.shape == (d, d) and torch.equal(q, model.h[0].attn.c_attn.weight[:, :d].T)
+    monitor = Monitor(model, every=1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    ids = torch.randint(0, 96, (2, 16))
+    for step in range(6):  # the QK entropy needs 4 checks of lag
+        loss = model(input_ids=ids).last_hidden_state.square().mean()
+        loss.backward()
+        monitor.step(step, loss=loss)
+        optimizer.step()
+        optimizer.zero_grad()
+    metrics = monitor.last_metrics
+    assert math.isfinite(metrics["qk_entropy_mean/h.0.attn"]) and math.isfinite(metrics["sa_entropy_min"])
+    sigma = metrics["sa_sigma1/h.0.mlp.c_fc"]  # power iteration against the exact top singular value
+    assert sigma == pytest.approx(float(torch.linalg.matrix_norm(conv.weight.detach(), 2)), rel=0.05)
 
 
 def test_monitor_log_is_read_back_and_watched(tmp_path):

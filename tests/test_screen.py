@@ -186,3 +186,58 @@ def test_a_model_without_findable_blocks_names_what_was_tried():
 
     with pytest.raises(InputError, match=r"num_hidden_layers=4.*stages \(3\)"):
         find_blocks(Odd(), 4)
+
+
+@pytest.mark.parametrize(
+    ("name", "head"),
+    [("mixtral", "AutoModelForCausalLM"), ("bert", "AutoModelForMaskedLM"), ("gpt2", "AutoModelForCausalLM")],
+)
+def test_checkpoints_saved_by_the_installed_transformers_screen(name, head, tmp_path):
+    """Per-expert Mixtral names need transformers' key conversion; a BERT MLM checkpoint has no pooler
+    (outside the residual stream: initialised, listed, harmless) and a head the screen ignores."""
+    import transformers
+
+    torch.manual_seed(0)
+    getattr(transformers, head).from_config(hf_config(name)).save_pretrained(tmp_path / name)
+    result = _screen({"checkpoint": str(tmp_path / name)}, {"tokens": 256})
+    assert len(result.spectra) == 2 and result.model["model_type"] == name
+    missing = result.model.get("initialised_not_loaded", [])
+    assert all(not key.startswith(result.model["blocks"]) for key in missing)
+    if name == "bert":
+        assert missing == ["pooler.dense.bias", "pooler.dense.weight"]
+
+
+def test_a_checkpoint_missing_an_embedding_stops_rather_than_screens_random_inputs(tmp_path):
+    from safetensors.torch import load_file, save_file
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(0)
+    LlamaForCausalLM(hf_config("llama")).save_pretrained(tmp_path / "ckpt")
+    weights = load_file(tmp_path / "ckpt" / "model.safetensors")
+    del weights["model.embed_tokens.weight"]
+    save_file(weights, tmp_path / "ckpt" / "model.safetensors", metadata={"format": "pt"})
+    for stream in (False, True):
+        with pytest.raises(InputError, match=r"embed_tokens.*feeds the first block"):
+            _screen({"checkpoint": str(tmp_path / "ckpt")}, options=BuildOptions(stream=stream))
+
+
+def test_a_mamba2_config_screens(tmp_path):
+    """Its config.json holds {"__float__": "Infinity"}, which only transformers' own reader decodes."""
+    from transformers import Mamba2Config
+
+    path = tmp_path / "config.json"
+    Mamba2Config(
+        hidden_size=64, num_hidden_layers=2, vocab_size=96, state_size=8, num_heads=4, head_dim=32, n_groups=1
+    ).to_json_file(path)
+    assert "Infinity" in path.read_text()
+    result = _screen({"hf_config": str(path)}, {"tokens": 256})
+    assert len(result.spectra) == 2 and result.model["model_type"] == "mamba2"
+
+
+def test_the_cost_estimate_is_checked_before_any_weight_exists():
+    """A 10**6-wide GPT is refused from its meta-device shape: nothing is allocated."""
+    from rksp_cli.budget import Budget
+
+    spec = spec_from_dict({"model": {"d_model": 1_000_000}})
+    with pytest.raises(InputError, match=r"model\.d_model"):
+        screen(spec, budget=Budget(memory_bytes=8e9))
