@@ -7,8 +7,9 @@ exact parameter counts; the estimate below turns them into peak memory and wall 
 
 The estimate is deliberately simple and says so ("≈"): memory is the sum of the largest terms
 (weights, one block's activations, the captured states, the DMD's matrices, plus the interpreter
-and its libraries); time is floating-point work over a throughput. The throughputs were measured
-on the 2-core development VM (README, "Cost estimate") and scale with the torch thread count.
+and its libraries); time is floating-point work over a throughput, which scales with the torch
+thread count for the forward pass. It errs long: measured screens took 0.6-1.06x the estimated
+time and 0.5-0.9x the estimated memory (README, "What a screen will cost").
 """
 
 from __future__ import annotations
@@ -20,9 +21,14 @@ from dataclasses import dataclass
 
 from rksp_cli.errors import InputError
 
-RUNTIME_BYTES = 0.6e9  # Python, torch and transformers loaded, before any model (measured: ~550 MB RSS)
-MATMUL_FLOPS_PER_THREAD = 2.0e10  # float32 forward pass (design constant, measured on the dev VM)
-EIG_FLOPS = 1.2e10  # float64 eig/SVD work of the DMD; LAPACK's eig barely scales with threads
+# Throughputs, measured on a 2-core AMD EPYC VM (README, "Cost estimate"), rounded down so that the
+# estimate errs long: forward passes ran at 35-50 GFLOP/s per thread, the DMD's float64 eig/SVD work
+# at 15-23 GFLOP/s (LAPACK's eig barely scales with threads), random init at 50-95 M parameters/s.
+RUNTIME_BYTES = 0.6e9  # Python, torch and transformers loaded, before any model (measured: ~450 MB RSS)
+MATMUL_FLOPS_PER_THREAD = 3.5e10
+EIG_FLOPS = 2.0e10
+INIT_PARAMETERS_PER_SECOND = 5.0e7
+STARTUP_SECONDS = 1.0  # the token batch and the first kernels of a tiny screen
 DEFAULT_MAX_MINUTES = 60.0
 
 
@@ -60,8 +66,13 @@ class Cost:
         )
 
 
-def screen_cost(shape: ModelShape, tokens: int, threads: int | None = None) -> Cost:
-    """Peak memory and time of a screen on ``tokens`` token states."""
+def screen_cost(shape: ModelShape, tokens: int, threads: int | None = None, training: bool = False) -> Cost:
+    """Peak memory and time of a screen on ``tokens`` token states.
+
+    ``training``: the model will also be trained (``rksp probe``), which holds gradients and two
+    Adam moments beside the weights: memory for the weights counts four times. (The probe's own
+    training time depends on its steps and is not part of this estimate.)
+    """
     if threads is None:
         import torch
 
@@ -71,6 +82,7 @@ def screen_cost(shape: ModelShape, tokens: int, threads: int | None = None) -> C
     sequences = batch_tokens // s.seq_len
     r = min(s.d_model, tokens)
     weights = 4.0 * (s.parameters - (s.n_layers - 2) * s.block_parameters if s.streamed else s.parameters)
+    weights *= 4 if training else 1
     # a block's widest activations: about (its parameters / d) features per token, plus attention scores
     activations = 4.0 * batch_tokens * (s.block_parameters / s.d_model + 4 * s.d_model)
     activations += 8.0 * sequences * s.n_heads * s.seq_len**2
@@ -85,12 +97,13 @@ def screen_cost(shape: ModelShape, tokens: int, threads: int | None = None) -> C
     forward = 2.0 * batch_tokens * (s.n_layers * s.block_parameters + (s.d_model * s.vocab_size if s.lm_head else 0))
     forward += 4.0 * batch_tokens * s.seq_len * s.d_model * s.n_layers
     spectra = s.n_layers * (6.0 * s.d_model * tokens * r + 30.0 * r**3)
-    seconds = forward / (MATMUL_FLOPS_PER_THREAD * threads) + spectra / EIG_FLOPS
+    build = s.parameters / INIT_PARAMETERS_PER_SECOND  # random init or reading a checkpoint, either way
+    seconds = STARTUP_SECONDS + build + forward / (MATMUL_FLOPS_PER_THREAD * threads) + spectra / EIG_FLOPS
     return Cost(
         memory_bytes=RUNTIME_BYTES + sum(memory.values()),
         seconds=seconds,
         memory_driver=_driver(max(memory, key=memory.get)),
-        time_driver="probe.tokens" if spectra / EIG_FLOPS > forward / MATMUL_FLOPS_PER_THREAD else "model size",
+        time_driver="probe.tokens" if spectra / EIG_FLOPS > build + forward / MATMUL_FLOPS_PER_THREAD else "model size",
         shape=shape,
     )
 

@@ -1,7 +1,8 @@
 """The ``rksp`` command line: parse, call the library, render. Nothing else lives here.
 
-Exit codes: 0 screened (and under the gate), 1 risk above ``--fail-above``, 2 bad input,
-3 the model cannot be assessed.
+Exit codes: 0 screened and scored (and under the gate), 1 risk above ``--fail-above``, 2 bad
+input (one line naming the field, option or file), 3 nothing could be scored. No input that could
+not be scored exits 0, and no bad input exits 1.
 """
 
 from __future__ import annotations
@@ -191,8 +192,9 @@ def screen(
         render.render_profile(result, console)
     _write_figures(result, risk_model, report, plot, console)
     risk = result.risk.risk
-    if not math.isfinite(risk):
-        _fail(UnassessableError(f"{result.risk.reason}; set it (--set training.lr=...) to score the run"))
+    if not math.isfinite(risk):  # never a pass: exit 3 with the reason
+        hint = "; set it (--set training.lr=...) to score the run" if spec.training.lr is None else ""
+        _fail(UnassessableError(f"no risk was scored: {result.risk.reason}{hint}"))
     if fail_above is not None:  # the gate reads the risk shown above, from the model named there
         if risk > fail_above:
             err.print(f"gate: risk {risk:.2f} > --fail-above {fail_above}: fail", style="red", markup=False)

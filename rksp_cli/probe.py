@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from rksp_cli.budget import Budget, ModelShape, screen_cost
 from rksp_cli.errors import InputError, UnassessableError
 from rksp_cli.kss import KoopmanSpectralShaping
 from rksp_cli.models import build_subject
@@ -71,12 +72,20 @@ class ProbeResult:
         return row
 
 
-def probe(spec: ScreenSpec, on_step: StepCallback | None = None) -> ProbeResult:
-    """Screen the initialised model, then train it for ``training.steps`` steps and label the run."""
+def probe(spec: ScreenSpec, on_step: StepCallback | None = None, budget: Budget | None = None) -> ProbeResult:
+    """Screen the initialised model, then train it for ``training.steps`` steps and label the run.
+
+    ``budget`` (default: the machine's available memory) refuses a model that cannot fit before it is built.
+    """
     if spec.model.arch != "gpt":
         raise InputError("rksp probe trains the built-in gpt (model.arch: gpt); transformers models are screened only")
     t0 = time.perf_counter()
-    subject = build_subject(spec.model, spec.probe.seed)  # the CPU: probes are small by design
+    budget = budget or Budget()
+
+    def check(shape: ModelShape, fields: str) -> None:
+        budget.check(screen_cost(shape, spec.probe.tokens, training=True), fields)
+
+    subject = build_subject(spec.model, spec.probe.seed, check=check)  # the CPU: probes are small by design
     try:
         screen, screen_error = screen_subject(subject, spec), None
     except UnassessableError as exc:

@@ -121,6 +121,20 @@ CASES: dict[str, tuple[Case, int, tuple[str, ...]]] = {
         2,
         ("config.json", "--max-minutes"),
     ),
+    "probe of a model that cannot fit": (
+        lambda t: ["probe", _yaml(t, "model: {d_model: 1000000}\ntraining: {lr: 0.001}\n")],
+        2,
+        ("model.d_model", "memory"),
+    ),
+    "probe of a transformers config": (
+        lambda t: (
+            ["probe", _yaml(t, "model: {hf_config: c.json}\ntraining: {lr: 0.001}\n", "p.yaml")]
+            if _json(t, {"model_type": "gpt2"}, "c.json")
+            else []
+        ),
+        2,
+        ("built-in gpt",),
+    ),
     # --- transformers configs and checkpoints -------------------------------------------------------
     "heads do not divide hidden size": (
         lambda t: ["screen", _json(t, {"model_type": "llama", "hidden_size": 30, "num_attention_heads": 4})],

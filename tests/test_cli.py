@@ -182,3 +182,71 @@ def test_moe_gpt_screens_and_is_flagged_outside_the_dense_calibration(write_yaml
     data = json.loads(rksp("screen", path, "--json").stdout)
     assert data["model"]["parameters"] > 0 and len(data["layers"]) == 2
     assert any("n_experts = 2" in flag for flag in data["out_of_range"])
+
+
+def test_a_dense_transformers_model_is_not_flagged_for_experts_and_an_moe_one_is(hf_config_file):
+    """A config leaves n_experts to the model: the screen reads it from the model, not from a None."""
+    for name, flagged in (("llama", False), ("mixtral", True)):
+        data = json.loads(rksp("screen", hf_config_file(name), *SMALL, "--set", "training.lr=3e-4", "--json").stdout)
+        assert any("n_experts" in flag for flag in data["out_of_range"]) is flagged, data["out_of_range"]
+        assert not any("ResDMD" in w for w in data["warnings"])  # nothing a user could act on
+
+
+def test_a_huge_learning_rate_is_reported_in_readable_numbers(write_yaml):
+    path = write_yaml("training: {lr: 1.0e+300}\nprobe: {tokens: 256}\n")
+    data = json.loads(rksp("screen", path, "--json").stdout)
+    assert data["verdict"] == "high" and len(data["reason"]) < 120, data["reason"]
+
+
+def test_threads_option_pins_torch(write_yaml):
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        assert (
+            rksp("--threads", "2", "screen", write_yaml("training: {lr: 0.001}\nprobe: {tokens: 256}\n")).exit_code == 0
+        )
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_watch_follows_a_log_into_a_pipe(tmp_path):
+    """Not a terminal (a CI log): the dashboard is printed, and printed again when a check arrives."""
+    import subprocess
+    import sys
+    import time
+
+    log = tmp_path / "metrics.jsonl"
+    log.write_text(json.dumps({"event": "start", "every": 10, "monitors": ["r_metric"]}) + "\n")
+    with log.open("a") as f:
+        f.write(json.dumps({"step": 0, "loss": 3.0, "metrics": {"r_metric": 0.1}, "alerts": []}) + "\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rksp_cli", "watch", str(log), "--interval", "0.2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        time.sleep(6)  # start-up, then the first dashboard
+        with log.open("a") as f:
+            f.write(json.dumps({"step": 10, "loss": 2.5, "metrics": {"r_metric": 0.2}, "alerts": []}) + "\n")
+        time.sleep(1.5)
+    finally:
+        proc.terminate()
+        output, errors = proc.communicate(timeout=20)
+    assert output.count("rksp watch") >= 2, (output, errors)
+    assert "last step 10" in output
+
+
+def test_the_heatmap_keeps_the_learning_rate_on_an_axis():
+    import pandas as pd
+
+    from rksp_cli.report import heatmap_axes
+
+    frame = pd.DataFrame(
+        {"config.model.norm": ["pre", "none"] * 4, "config.model.n_layers": [2, 2, 4, 4] * 2,
+         "config.training.lr": [0.001] * 4 + [0.1] * 4, "config.probe.seed": [0] * 8}
+    )  # fmt: skip
+    assert heatmap_axes(frame) == ["config.training.lr", "config.model.norm"]
+    assert heatmap_axes(frame.drop(columns="config.training.lr")) == ["config.model.norm", "config.model.n_layers"]

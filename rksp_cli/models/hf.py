@@ -107,14 +107,14 @@ def load_checkpoint(
     layout = _layout(model, config, seq_len, options, check, path)
     source = f"checkpoint {path}"
     if layout.stream:
-        weights = CheckpointWeights(model, files, options.allow_pickle, layout.name)
+        weights = CheckpointWeights(model, files, layout.name)
         streamer = _materialize(model, layout, weights, options.device)
         _guard_missing(model, layout, weights.missing)
         return _subject(model, config, layout, options, source, streamer, sorted(weights.missing))
     for file in files:  # a corrupt file is named here; transformers would name only the folder
         if file.suffix == ".safetensors":
             open_safetensors(file)
-    model, missing = _from_pretrained(path, config, files)
+    model, missing = _from_pretrained(path, config)
     if inside := [k for k in missing if k.startswith(f"{layout.name}.")]:
         raise InputError(f"{path}: checkpoint lacks weight {inside[0]!r} of a screened block")
     if bad := first_non_finite(model):
@@ -125,7 +125,7 @@ def load_checkpoint(
     return _subject(model, config, layout, options, source, None, sorted(missing))
 
 
-def _from_pretrained(path: Path, config: PretrainedConfig, files: list[Path]) -> tuple[nn.Module, list[str]]:
+def _from_pretrained(path: Path, config: PretrainedConfig) -> tuple[nn.Module, list[str]]:
     """transformers' own loader; a bare file is linked into a temporary checkpoint directory."""
     with tempfile.TemporaryDirectory(prefix="rksp-") as tmp:
         where = path

@@ -69,7 +69,7 @@ class RandomInit:
 
 
 class CheckpointWeights:
-    """Trained weights read per part: safetensors lazily (``safe_open``), pickle only if allowed.
+    """Trained weights read per part: safetensors lazily (``safe_open``), pickle with ``weights_only``.
 
     Names are matched directly (with or without the model's base prefix); transformers' key
     conversions are not applied here, so a block weight the checkpoint names differently is an
@@ -79,7 +79,8 @@ class CheckpointWeights:
     listed in ``missing``.
     """
 
-    def __init__(self, model: nn.Module, files: list[Path], allow_pickle: bool, blocks: str):
+    def __init__(self, model: nn.Module, files: list[Path], blocks: str):
+        """``files``: safetensors, or pickles the caller has been allowed to load (``--allow-pickle``)."""
         self.model = model
         self.blocks = f"{blocks}."
         self.prefix = f"{model.base_model_prefix}." if getattr(model, "base_model_prefix", "") else ""
@@ -88,20 +89,15 @@ class CheckpointWeights:
         self._handles: dict[Path, object] = {}
         self._pickled: dict[Path, dict[str, torch.Tensor]] = {}
         for path in files:
-            for key in self._keys(path, allow_pickle):
+            for key in self._keys(path):
                 own = key[len(self.prefix) :] if self.prefix and key.startswith(self.prefix) else key
                 self.where[own] = (path, key)
 
-    def _keys(self, path: Path, allow_pickle: bool) -> list[str]:
+    def _keys(self, path: Path) -> list[str]:
         if path.suffix == ".safetensors":
             handle = open_safetensors(path)
             self._handles[path] = handle
             return list(handle.keys())
-        if not allow_pickle:
-            raise InputError(
-                f"{path}: pickle checkpoints can run code when loaded; convert to safetensors, "
-                "or pass --allow-pickle to load it with weights_only=True"
-            )
         try:
             state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         except Exception as exc:
