@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from rksp_cli.errors import InputError
 
-# Throughputs, measured on a 2-core AMD EPYC VM (README, "Cost estimate"), rounded down so that the
+# Throughputs, measured on a 2-core AMD EPYC VM (README, "What a screen will cost"), rounded down so that the
 # estimate errs long: forward passes ran at 35-50 GFLOP/s per thread, the DMD's float64 eig/SVD work
 # at 15-23 GFLOP/s (LAPACK's eig barely scales with threads), random init at 50-95 M parameters/s.
 RUNTIME_BYTES = 0.6e9  # Python, torch and transformers loaded, before any model (measured: ~450 MB RSS)

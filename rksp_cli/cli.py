@@ -270,12 +270,12 @@ def sweep(
     axes = [f"config.{a.strip().removeprefix('config.')}" for a in heatmap.split(",")] if heatmap else heatmap_axes(ok)
     if "risk" in ok and len(axes) == 2 and all(a in ok for a in axes):
         png = save_png(heatmap_figure(ok, axes[0], axes[1]), out_path.with_name(out_path.stem + "-heatmap.png"))
-        out.print(f"heatmap: {png}")
+        out.print(f"heatmap: {png}", markup=False)
     elif heatmap:
-        err.print(f"[yellow]no heatmap: {heatmap} are not two columns of the results[/yellow]")
+        err.print(f"no heatmap: {heatmap} are not two columns of the results", style="yellow", markup=False)
     if report:
         page = write_html(out_path.with_name(out_path.stem + "-report.html"), sweep_html(frame, axes, grid))
-        out.print(f"report: {page}")
+        out.print(f"report: {page}", markup=False)
 
 
 @app.command()
@@ -309,7 +309,7 @@ def calibrate(
     with atomic_path(markdown) as tmp:
         tmp.write_text(render.calibration_markdown(report, source=runs))
     render.render_calibration(report, out)
-    out.print(f"wrote {out_path} and {markdown}")
+    out.print(f"wrote {out_path} and {markdown}", markup=False)
 
 
 @app.command()
@@ -413,7 +413,7 @@ def compare(
         render.render_comparison(comparison, out)
     if report is not None:
         write_html(report, compare_html(comparison, markdown))
-        err.print(f"report: {report}")
+        err.print(f"report: {report}", markup=False)
 
 
 def _check_output(option: str, path: Path | None, suffix: str) -> None:
@@ -439,10 +439,10 @@ def _write_figures(
 
     if report is not None:
         write_html(report, screen_html(result, risk_model))
-        console.print(f"report: {report}")
+        console.print(f"report: {report}", markup=False)
     if plot is not None:
         save_png(eigenvalue_figure(spectra_layers(result)), plot)
-        console.print(f"plot: {plot}")
+        console.print(f"plot: {plot}", markup=False)
 
 
 @contextmanager

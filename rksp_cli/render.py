@@ -149,7 +149,7 @@ def render_probe(result: ProbeResult, console: Console) -> None:
 def render_sweep(frame: pd.DataFrame, path: Path, console: Console, top: int = 10) -> None:
     """Counts and failures, the riskiest points, and the predicted stability edge per architecture."""
     failed = frame["error"].notna().sum() if "error" in frame else 0
-    console.print(f"{len(frame)} points in {path} ({failed} failed)")
+    console.print(f"{len(frame)} points in {path} ({failed} failed)", markup=False)
     ok = frame[frame["error"].isna()] if "error" in frame else frame
     if "label" in ok:
         console.print(f"diverged: {int(ok['label'].sum())} of {len(ok)} probes ({ok['label'].mean():.0%})")
@@ -161,7 +161,7 @@ def render_sweep(frame: pd.DataFrame, path: Path, console: Console, top: int = 1
     for col in columns:
         table.add_column(col.removeprefix("config."), justify="right", overflow="fold")
     for _, row in ok.nlargest(top, "risk").iterrows():
-        table.add_row(*(_cell(row[c]) for c in columns))
+        table.add_row(*(Text(_cell(row[c])) for c in columns))
     console.print(table)
 
     arch = [c for c in axes if c.startswith("config.model.")]
@@ -201,7 +201,7 @@ def render_calibration(report: dict, console: Console) -> None:
     for name, m in report["models"].items():
         table.add_row(name, *_metric_cells(m))
     console.print(table)
-    console.print(f"[bold]{report['verdict']}[/bold]")
+    console.print(report["verdict"], style="bold", markup=False)
 
 
 def calibration_markdown(report: dict, source: Path) -> str:
@@ -273,7 +273,7 @@ def watch_dashboard(log: MetricsLog, recent: int = 8) -> Group:
         for header in ("step", "monitor", "layer", "reason"):
             table.add_column(header, style=style if header == "monitor" else None, overflow="fold")
         for a in found[-shown:]:
-            table.add_row(str(a["step"]), a["monitor"], a.get("layer") or "-", a["reason"])
+            table.add_row(str(a["step"]), a["monitor"], Text(a.get("layer") or "-"), Text(a["reason"]))
         tables.append(table)
     parts = [Panel(Text(title), title="rksp watch", title_align="left"), signals, *tables]
     if log.unreadable:
@@ -346,7 +346,7 @@ def render_comparison(c: Comparison, console: Console) -> None:
         for header in ("field", "before", "after"):
             config.add_column(header, overflow="fold")
         for change in c.config:
-            config.add_row(change.item, _value(change.before), _value(change.after))
+            config.add_row(Text(change.item), Text(_value(change.before)), Text(_value(change.after)))
         console.print(config)
     else:
         console.print("config: identical")
