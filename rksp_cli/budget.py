@@ -89,11 +89,7 @@ def screen_cost(shape: ModelShape, tokens: int, threads: int | None = None, trai
     logits = 12.0 * batch_tokens * s.vocab_size if s.lm_head else 0.0
     states = 10 * 8.0 * tokens * s.d_model  # h_l, h_l+1, their copies while whitening (float64)
     dmd = 12 * 16.0 * r * r  # Gram matrix, operator, eigenvectors and their inverse (complex128)
-    memory = {
-        "weights": weights,
-        "activations": activations + logits,
-        "spectra": states + dmd,
-    }
+    memory = {"weights": weights, "activations": activations, "logits": logits, "spectra": states + dmd}
     forward = 2.0 * batch_tokens * (s.n_layers * s.block_parameters + (s.d_model * s.vocab_size if s.lm_head else 0))
     forward += 4.0 * batch_tokens * s.seq_len * s.d_model * s.n_layers
     spectra = s.n_layers * (6.0 * s.d_model * tokens * r + 30.0 * r**3)
@@ -109,7 +105,12 @@ def screen_cost(shape: ModelShape, tokens: int, threads: int | None = None, trai
 
 
 def _driver(term: str) -> str:
-    return {"weights": "model size", "activations": "probe.tokens and model.seq_len", "spectra": "probe.tokens"}[term]
+    return {
+        "weights": "model size",
+        "activations": "probe.tokens and model.seq_len",
+        "logits": "model.vocab_size",
+        "spectra": "probe.tokens",
+    }[term]
 
 
 @dataclass(frozen=True)
@@ -164,6 +165,8 @@ def available_memory() -> float | None:
 
 
 def _count(n: float) -> str:
+    if n >= 1e15:
+        return f"{n:.3g}"
     for unit, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
         if n >= size:
             return f"{n / size:.3g}{unit}"

@@ -106,6 +106,11 @@ CASES: dict[str, tuple[Case, int, tuple[str, ...]]] = {
         2,
         ("model.d_model", "memory", "--force"),
     ),
+    "vocab 10**12": (
+        lambda t: ["screen", _yaml(t, "model: {vocab_size: 1000000000000}\ntraining: {lr: 0.001}\n")],
+        2,
+        ("model.vocab_size", "memory"),
+    ),
     "tokens 10**9": (
         lambda t: ["screen", _yaml(t, "probe: {tokens: 1000000000}\ntraining: {lr: 0.001}\n")],
         2,

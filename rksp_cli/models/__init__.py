@@ -70,8 +70,11 @@ def build_subject(
     if model_spec.arch == "gpt":
         cfg = model_spec.gpt_config()
         if check is not None:
+            embeddings_dominate = cfg.vocab_size > cfg.n_layers * 12 * cfg.d_model  # vocab x d against 12 d^2 L
             with torch.device("meta"):
-                check(gpt_shape(GPT(cfg)), "model.d_model, model.n_layers")
+                check(
+                    gpt_shape(GPT(cfg)), "model.vocab_size" if embeddings_dominate else "model.d_model, model.n_layers"
+                )
         return _gpt_subject(GPT(cfg).to(options.device), options.device)
     from rksp_cli.models import hf  # transformers is slow to import; only pay for it when used
 
