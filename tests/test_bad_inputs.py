@@ -314,6 +314,8 @@ def _corrupt_safetensors(tmp: Path) -> Path:
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_bad_input_exits_2_or_3_with_one_line_naming_it(name, tmp_path):
     make, code, fragments = CASES[name]
+    if "not writable" in name and not NOT_WRITABLE.parent.is_dir():
+        pytest.skip("needs Linux's /proc as a folder nobody may write in")
     result = CliRunner().invoke(app, [str(a) for a in make(tmp_path)])
     assert result.exit_code == code, (result.exit_code, result.output)
     assert "Traceback" not in result.output
