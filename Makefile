@@ -11,7 +11,7 @@ TORCH  := torch==2.13.0
 STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 SCREEN ?= screens/gpt-small-noln.yaml
 
-.PHONY: install screen test lint format clean bench-norms bench-sweep bench-dmd bench-scale bench-kss bench-faults calibration
+.PHONY: install screen test lint format clean bench-norms bench-sweep bench-dmd bench-scale bench-kss bench-faults bench-stability calibration
 
 install: $(STAMP)
 
@@ -55,6 +55,10 @@ bench-kss: install
 
 bench-faults: install
 	$(BIN)/python benchmarks/faults.py
+
+# Issue 13's measurement bars: the same model screened with other token samples and sizes (~1.5 min).
+bench-stability: install
+	$(BIN)/python benchmarks/spectra_stability.py
 
 # The shipped calibration: ~800 labelled probe runs (about 40 minutes on 2 cores), then the fit and
 # its held-out report. Rerunning resumes from calibration/runs.parquet.journal.
