@@ -11,7 +11,7 @@ TORCH  := torch==2.13.0
 STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 SCREEN ?= screens/gpt-small-noln.yaml
 
-.PHONY: install screen test lint format clean bench-norms bench-sweep bench-dmd bench-scale bench-kss bench-faults bench-stability calibration
+.PHONY: install screen test lint format clean bench-norms bench-sweep bench-dmd bench-scale bench-kss bench-faults bench-stability calibration rescreen refit
 
 install: $(STAMP)
 
@@ -64,4 +64,13 @@ bench-stability: install
 # its held-out report. Rerunning resumes from calibration/runs.parquet.journal.
 calibration: install
 	$(BIN)/rksp sweep grids/calibration.yaml --probe --workers 2 --out calibration/runs.parquet
+	$(MAKE) refit
+
+# After a change to the estimator: screen every labelled run's init again (labels unchanged; about
+# 2 minutes on 2 cores, resumable), then refit.
+rescreen: install
+	$(BIN)/python calibration/rescreen.py calibration/runs.parquet
+	$(MAKE) refit
+
+refit: install
 	$(BIN)/rksp calibrate calibration/runs.parquet --out rksp_cli/default_calibration.json --report calibration/report.md

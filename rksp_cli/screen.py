@@ -230,7 +230,8 @@ def _warnings(spectra: list[LayerSpectrum], d: int, n_tokens: int, distinct: int
     if distinct - 1 < d and rank == "auto":
         out.append(
             f"{distinct} distinct token states for d={d}: spectra are estimated in the "
-            f"{distinct - 1}-dim data subspace; raise probe.tokens above {d} for a full-rank estimate"
+            f"{distinct - 1}-dim data subspace, where the fit is exact and η_nl undefined; raise "
+            f"probe.tokens above {d} for a full-rank estimate"
         )
     elif distinct - 1 < d and rank == "full":
         out.append(

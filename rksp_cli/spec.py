@@ -129,7 +129,7 @@ class ProbeSpec(_Section):
     rank: Annotated[Literal["auto", "full"] | int, BeforeValidator(_rank)] = "auto"
     seed: Annotated[int, Field(ge=0, le=MAX_SEED)] = 0
     input: str = "random"
-    residual_tol: Annotated[float, Field(gt=0)] | None = 0.1
+    residual_tol: Annotated[float, Field(gt=0)] | None = None  # ResDMD filter tau; off by default (koopman.py)
 
     @field_validator("input")
     @classmethod
