@@ -19,10 +19,13 @@ Three estimators (``rank``):
   paper writes it, structural zeros included; the pseudo-inverse is cut at the numerical rank of
   X_c. Kept for reproduction and as the reference
   the tests compare ``"auto"`` against.
-* an integer r: the paper's randomized DMD (Erichson et al.; oversampling 10, 2 power
-  iterations). After whitening the snapshot spectrum is flat, so the "top-r" subspace is chosen
-  by the random test matrix and masses depend on the seed; we average ``range_seeds`` seeds and
-  report the spread of the near-unit mass across them (design choice, method reference 1.3).
+* an integer r: DMD in the leading r-dim principal subspace of the centred states (the standard
+  truncation of exact DMD, exact top singular vectors, no random test matrix), whitened inside
+  that subspace: the operator fitted to the snapshots projected on the data's r dominant
+  directions, and the masses over its r eigenvalues. The paper's recipe instead runs a random range finder
+  *after* whitening, where every direction is equally loud, so the subspace is whatever the test
+  matrix picks (method reference 1.3). Koopman Spectral Shaping (``kss.py``) uses this very
+  estimator, through ``subspace_whitening`` and ``fit_operator`` below, with gradients.
 """
 
 from __future__ import annotations
@@ -54,10 +57,6 @@ class DMDSettings:
     residual_eps: float = 1e-12  # design choice: denominator guard in the ResDMD residual
     eta_eps: float = 1e-8  # design choice: denominator guard in eta_nl
     degenerate_tol: float = 1e-3  # design choice: ||Y~ - X~|| / ||X~|| below this is "identity"
-    seed: int = 0  # randomized DMD: first range-finder seed
-    range_seeds: int = 5  # randomized DMD: seeds averaged (design choice, >= 5)
-    oversample: int = 10  # randomized DMD: p (design choice, after Erichson)
-    power_iters: int = 2  # randomized DMD: q (design choice, after Erichson)
 
 
 @dataclass
@@ -77,7 +76,6 @@ class LayerSpectrum:
     degenerate: bool  # the block is (numerically) the identity: its spectrum carries no signal
     filter_fallback: bool  # the ResDMD filter removed everything, so all eigenvalues were used
     estimator: str
-    near_unit_spread: float = 0.0  # randomized DMD only: std of M~1 over range-finder seeds
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -117,15 +115,21 @@ def layer_spectrum(X: torch.Tensor, Y: torch.Tensor, settings: DMDSettings = DMD
         r = _thin_svd(X - X.mean(1, keepdim=True))[1].numel()
         A = Yw @ (Vh[:r].T / S[:r]) @ U[:, :r].T
         return _analyse(A, Xw, Yw, settings, "full whitened DMD (d x d)", rank=r)
+    if settings.rank != "auto":
+        Xc, Yc = X - X.mean(1, keepdim=True), Y - Y.mean(1, keepdim=True)
+        W = subspace_whitening(Xc, int(settings.rank), settings.eps)
+        if W.shape[0] == 0:
+            return _no_variance(X.shape[0])
+        Xw, Yw, r = W @ Xc, W @ Yc, W.shape[0]
+        name = f"whitened DMD in the leading {r}-dim principal subspace"
+        return _analyse(fit_operator(Xw, Yw), Xw, Yw, settings, name, rank=r)
     Xw, Yw, Vh, sx = whiten(X, Y, settings.eps)
     if Xw.shape[0] == 0:
         return _no_variance(X.shape[0])
-    if settings.rank == "auto":
-        A = (Yw @ Vh.T) / sx  # Y~ X~^+ in the data basis: Xw^+ = V diag(1/sx)
-        r, d = Xw.shape[0], X.shape[0]
-        name = "whitened DMD" if r == d else f"whitened DMD in the {r}-dim data subspace (d={d})"
-        return _analyse(A, Xw, Yw, settings, name, rank=r)
-    return _randomized(Xw, Yw, int(settings.rank), settings)
+    A = (Yw @ Vh.T) / sx  # Y~ X~^+ in the data basis: Xw^+ = V diag(1/sx)
+    r, d = Xw.shape[0], X.shape[0]
+    name = "whitened DMD" if r == d else f"whitened DMD in the {r}-dim data subspace (d={d})"
+    return _analyse(A, Xw, Yw, settings, name, rank=r)
 
 
 def _whiten_full(X: torch.Tensor, Y: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -187,46 +191,22 @@ def _thin_svd(Xc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
     return (Xc @ V) / S, S, V.T
 
 
-def _randomized(Xw: torch.Tensor, Yw: torch.Tensor, rank: int, settings: DMDSettings) -> LayerSpectrum:
-    """Randomized DMD (paper's recipe), averaged over ``range_seeds`` range-finder seeds."""
-    r_data, n = Xw.shape
-    r = min(rank, r_data)
-    runs = []
-    for k in range(settings.range_seeds):
-        gen = torch.Generator(device="cpu").manual_seed(settings.seed + k)
-        omega = torch.randn(n, r + settings.oversample, generator=gen, dtype=Xw.dtype).to(Xw.device)
-        Z = Xw @ omega
-        for _ in range(settings.power_iters):
-            Z = Xw @ (Xw.T @ Z)
-            Z, _ = torch.linalg.qr(Z)  # re-orthonormalise each pass for stability
-        Q, _ = torch.linalg.qr(Z)
-        Ur, sr, Vrh = torch.linalg.svd(Q.T @ Xw, full_matrices=False)
-        Ur, sr, Vrh = Ur[:, :r], sr[:r], Vrh[:r]
-        A = (Ur.T @ (Q.T @ Yw) @ Vrh.T) / sr
-        P = Q @ Ur  # orthonormal lift
-        spec = _analyse(A, P.T @ Xw, P.T @ Yw, settings, "", rank=r)
-        lifted_fit = Yw - P @ (A @ (P.T @ Xw))
-        spec.eta_nl = _eta(lifted_fit, Yw - Xw, settings.eta_eps, r)
-        runs.append(spec)
-    masses = {k: sum(getattr(s, k) for s in runs) / len(runs) for k in _MASS_KEYS}
-    near = torch.tensor([s.near_unit_mass for s in runs], dtype=torch.float64)
-    update_ratio = _update_ratio(Xw, Yw)
-    return LayerSpectrum(
-        eigenvalues=torch.cat([s.eigenvalues for s in runs]),
-        kept=torch.cat([s.kept for s in runs]),
-        spectral_radius=sum(s.spectral_radius for s in runs) / len(runs),
-        kappa=sum(s.kappa for s in runs) / len(runs),
-        eta_nl=sum(s.eta_nl for s in runs) / len(runs),
-        update_ratio=update_ratio,
-        degenerate=update_ratio < settings.degenerate_tol,
-        filter_fallback=any(s.filter_fallback for s in runs),
-        estimator=f"randomized whitened DMD, rank {r}, mean of {len(runs)} range-finder seeds",
-        near_unit_spread=float(near.std(unbiased=False)),
-        **masses,
-    )
+def subspace_whitening(Xc: torch.Tensor, rank: int, eps: float) -> torch.Tensor:
+    """The (r, d) map onto the leading ``rank`` principal directions of the centred snapshots ``Xc``,
+    whitened inside them: W = diag((S^2/(N-1) + eps)^-1/2) U_r^T. A constant (no gradient): the
+    screen and KSS both treat the subspace and the whitening as fixed, so that the eigenvalues they
+    report are of one and the same operator."""
+    with torch.no_grad():
+        U, S, _ = _thin_svd(Xc.detach())
+        r = min(rank, S.numel())
+        D = (S[:r].square() / (Xc.shape[1] - 1) + eps).rsqrt()
+        return D[:, None] * U[:, :r].T
 
 
-_MASS_KEYS = ("expansive_mass", "near_unit_mass", "gap_mass", "contractive_mass")
+def fit_operator(Xw: torch.Tensor, Yw: torch.Tensor) -> torch.Tensor:
+    """The least-squares operator A = Yw Xw^T (Xw Xw^T)^-1 of full-row-rank snapshots, differentiable
+    in both (KSS backpropagates through it)."""
+    return Yw @ Xw.T @ torch.linalg.inv(Xw @ Xw.T)
 
 
 def _analyse(

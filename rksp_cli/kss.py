@@ -15,8 +15,9 @@ Design choices where the paper is silent:
 
 * beta = 1, gamma = 0.4, every 10 steps, layers sampled uniformly, at most 2048 token states.
 * Gradients flow through the centred snapshots; the rank-r subspace and the whitening matrix are
-  constants. The subspace is the leading principal subspace of the *centred* states (a range
-  finder with 2 power iterations), and the whitening happens inside it. Finding the subspace on
+  constants. The estimator is the screen's own rank-r one (``koopman.subspace_whitening`` and
+  ``fit_operator``): the leading principal subspace of the *centred* states (exact top singular
+  vectors), whitened inside. Finding the subspace on
   already-whitened states, as a literal reading of the paper suggests, picks random directions
   (whitened, every direction is equally loud) including near-null ones whose whitening gain
   multiplies the penalty's gradient: measured on the no-norm GPT, KSS steps then carried gradient
@@ -38,6 +39,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from rksp_cli.koopman import fit_operator, subspace_whitening
 
 
 class KoopmanSpectralShaping:
@@ -125,23 +128,14 @@ class KoopmanSpectralShaping:
             keep = torch.randperm(X.shape[0], generator=self.generator)[: self.max_tokens].to(X.device)
             X, Y = X[keep], Y[keep]
         X, Y = X.T, Y.T  # (d, N): columns are token states
-        n = X.shape[1]
         Xc = X - X.mean(1, keepdim=True)
         Yc = Y - Y.mean(1, keepdim=True)
-        r = min(self.rank, X.shape[0], n - 1)
-        with torch.no_grad():  # subspace and whitening are constants (paper: Omega and W detached)
-            omega = torch.randn(n, r, generator=self.generator, dtype=X.dtype).to(X.device)
-            Q = torch.linalg.qr(Xc @ omega).Q  # range finder for the leading principal subspace
-            for _ in range(2):
-                Q = torch.linalg.qr(Xc @ (Xc.T @ Q)).Q
-            P = Q.T @ Xc
-            cov = P @ P.T / (n - 1)
-            cov += self.eps * cov.diagonal().mean() * torch.eye(r, dtype=X.dtype, device=X.device)
-            s, U = torch.linalg.eigh(cov)
-            W = (U * s.rsqrt()) @ U.T @ Q.T  # (r, d): project, then whiten within the subspace
-        B = W @ Xc  # (r, N), differentiable through Xc
-        C = W @ Yc
-        A = C @ B.T @ torch.linalg.inv(B @ B.T)
+        # the screen's rank-r estimator (koopman.py): subspace and whitening constant, as the paper
+        # detaches Omega and W; the regulariser is relative to the states' mean variance
+        scale = float(Xc.detach().square().mean()) * Xc.shape[1] / (Xc.shape[1] - 1)
+        W = subspace_whitening(Xc, self.rank, self.eps * scale)
+        A = fit_operator(W @ Xc, W @ Yc)  # differentiable through Xc and Yc
+        r = A.shape[0]
         if A.requires_grad:
             A.register_hook(self._clean_gradient)
         jitter = 1e-9 * torch.randn(r, generator=self.generator, dtype=A.dtype).to(A.device)

@@ -63,7 +63,6 @@ class ScreenResult:
                 stream_rms=self.stream_rms[i + 1],
                 degenerate=spec.degenerate,
                 filter_fallback=spec.filter_fallback,
-                near_unit_spread=spec.near_unit_spread,
                 estimator=spec.estimator,
             )
             rows.append(row)
@@ -138,7 +137,7 @@ def screen_subject(
     gen = torch.Generator().manual_seed(spec.probe.seed)
     ids = screen_batch(spec.probe.input, spec.probe.tokens, subject.vocab_size, subject.seq_len, gen)
     positions = sample_positions(ids.numel(), spec.probe.tokens, gen)
-    settings = DMDSettings(rank=spec.probe.rank, residual_tol=spec.probe.residual_tol, seed=spec.probe.seed)
+    settings = DMDSettings(rank=spec.probe.rank, residual_tol=spec.probe.residual_tol)
     spectra: list[LayerSpectrum] = []
     stream_rms: list[float] = []
     dmd_seconds: list[float] = []

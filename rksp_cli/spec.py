@@ -41,7 +41,7 @@ def _rank(value: Any) -> Any:
         return value
     if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
         return value
-    raise ValueError(f"must be 'auto', 'full' or a positive integer (randomized DMD rank), got {value!r}")
+    raise ValueError(f"must be 'auto', 'full' or a positive integer (a principal-subspace rank), got {value!r}")
 
 
 class _Section(BaseModel):

@@ -105,3 +105,20 @@ def test_hugging_face_trainer_trains_with_the_penalty_on_schedule(tmp_path):
     assert all(torch.isfinite(p).all() for p in model.parameters())
     model(input_ids=ids[:2])
     assert not kss._states  # hooks removed when training ended
+
+
+def test_kss_shapes_the_very_eigenvalues_the_screen_reports_at_its_rank():
+    """One DMD core: KSS's rank-r operator is the screen's `probe.rank: r` estimator."""
+    from rksp_cli.koopman import DMDSettings, layer_spectrum
+    from tests.tolerances import eigenvalue_tolerance
+
+    torch.manual_seed(0)
+    x = torch.randn(512, 24, dtype=torch.float64) * torch.logspace(-1, 0, 24, dtype=torch.float64)
+    y = x + torch.tanh(x @ (0.3 * torch.randn(24, 24, dtype=torch.float64)))
+    shaped = KoopmanSpectralShaping([nn.Identity()], rank=8, seed=3).eigenvalues(x, y)
+    screened = layer_spectrum(x.T, y.T, DMDSettings(rank=8))
+    # KSS adds a 1e-9 diagonal jitter (separating repeated eigenvalues): it moves each by <= kappa(V) 1e-9;
+    # kappa(X) = 10 by construction (the columns' scales span one decade)
+    tol = screened.kappa * 1e-9 + eigenvalue_tolerance(24, screened.kappa, 10.0, screened.spectral_radius)
+    distance = (shaped[:, None] - screened.eigenvalues[None, :]).abs()
+    assert float(distance.min(1).values.max()) < tol and float(distance.min(0).values.max()) < tol
