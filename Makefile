@@ -11,7 +11,7 @@ TORCH  := torch==2.13.0
 STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 SCREEN ?= screens/gpt-small-noln.yaml
 
-.PHONY: install screen test lint format clean bench-norms bench-sweep bench-dmd bench-scale bench-kss bench-faults bench-stability calibration rescreen refit
+.PHONY: install screen test lint format clean bench-norms bench-sweep bench-dmd bench-scale bench-kss bench-faults bench-stability bench-known-spectrum calibration rescreen refit
 
 install: $(STAMP)
 
@@ -59,6 +59,10 @@ bench-faults: install
 # Issue 13's measurement bars: the same model screened with other token samples and sizes (~1.5 min).
 bench-stability: install
 	$(BIN)/python benchmarks/spectra_stability.py
+
+# The estimator against snapshot pairs with a known spectrum, d = 64 ... 4096 (~30 s).
+bench-known-spectrum: install
+	$(BIN)/python benchmarks/known_spectrum.py
 
 # The shipped calibration: ~800 labelled probe runs (about 40 minutes on 2 cores), then the fit and
 # its held-out report. Rerunning resumes from calibration/runs.parquet.journal.
