@@ -86,6 +86,8 @@ def render(result: ScreenResult, console: Console) -> None:
     lines += [Text(f"note: {n}", style="dim") for n in risk.notes]
     if risk.out_of_range:
         lines.append(Text(f"outside the calibrated range: {'; '.join(risk.out_of_range)}", style="yellow"))
+    if result.spread is not None:
+        lines.append(Text(spread_line(result.spread), style="dim"))
     lines += [Text(f"warning: {w}", style="yellow") for w in result.warnings]
     lr = result.config["training"].get("lr")
     lines.append(
@@ -96,6 +98,18 @@ def render(result: ScreenResult, console: Console) -> None:
         )
     )
     console.print(Panel(Group(*lines), border_style=VERDICT_STYLE[risk.verdict].split()[-1], expand=False))
+
+
+def spread_line(spread: dict) -> str:
+    """'spread over 3 token samples: risk 0.03 to 0.05, edge 0.041 to 0.07, M≈1 0.12 to 0.14, ...'"""
+
+    def span(values: list[float] | None, show=lambda v: f"{v:.2f}") -> str:
+        return "not finite in every sample" if values is None else " to ".join(show(v) for v in values)
+
+    parts = [f"risk {span(spread['risk'], format_risk)}", f"edge {span(spread['lr_edge'], lambda v: f'{v:.2g}')}"]
+    labels = {"near_unit_mass_mean": "M≈1", "expansive_mass_mean": "M>1", "eta_nl_mean": "η_nl"}
+    parts += [f"{label} {span(spread['features'][name])}" for name, label in labels.items()]
+    return f"spread over {spread['samples']} token samples: " + ", ".join(parts)
 
 
 def render_profile(result: ScreenResult, console: Console) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -45,6 +45,9 @@ class ScreenResult:
     timings: dict[str, Any]  # seconds: build, forward, dmd, and per layer under "layers"
     warnings: list[str] = field(default_factory=list)
     cost: Cost | None = None  # the estimate the screen was admitted on (None for a model built by the caller)
+    # over independent token samples (``repeats`` > 1): {"samples", "risk", "lr_edge", "features"},
+    # each a [min, max] (None where some sample gave no finite value); None when not measured
+    spread: dict[str, Any] | None = None
 
     @property
     def config(self) -> dict[str, Any]:
@@ -88,6 +91,7 @@ class ScreenResult:
             "config": self.config,
             "warnings": self.warnings,
             "timings_s": self.timings,
+            "spread": self.spread,
             "estimate": None
             if self.cost is None
             else {"memory_bytes": self.cost.memory_bytes, "seconds": self.cost.seconds},
@@ -100,27 +104,43 @@ def screen(
     options: BuildOptions | None = None,
     on_layer: ProgressCallback | None = None,
     budget: Budget | None = None,
+    repeats: int = 1,
 ) -> ScreenResult:
     """Screen one configuration. Raises ``InputError`` (exit 2) or ``UnassessableError`` (exit 3).
 
     ``budget`` (default: this machine's available memory and an hour) is checked against the
     screen's estimated cost before any weight is made; a config that does not fit is an
-    ``InputError`` naming the field to change.
+    ``InputError`` naming the field to change. ``repeats`` > 1 also measures the spread over that
+    many token samples (``screen_subject``), unless one screen is estimated to take more than
+    ``SPREAD_WITHIN_SECONDS``: a large model is screened once, and a warning says so.
     """
     options = options or BuildOptions()
     budget = budget or Budget()
     admitted: list[Cost] = []
+    skipped: list[str] = []
 
     def check(shape: ModelShape, fields: str) -> None:
-        admitted.append(screen_cost(shape, spec.probe.tokens))
+        nonlocal repeats
+        once = screen_cost(shape, spec.probe.tokens)
+        if repeats > 1 and once.seconds * repeats > SPREAD_WITHIN_SECONDS:
+            skipped.append(
+                f"spread over token samples not measured: one screen takes ≈ {once.seconds:.0f} s, and "
+                f"{repeats} would take ≈ {once.seconds * repeats:.0f} s"
+            )
+            repeats = 1
+        admitted.append(replace(once, seconds=once.seconds * repeats))
         budget.check(admitted[-1], fields)
 
     t = time.perf_counter()
     subject = build_subject(spec.model, spec.probe.seed, options, check)
     timings = {"build": time.perf_counter() - t}
-    result = screen_subject(subject, spec, risk_model, on_layer, timings, device=options.device)
+    result = screen_subject(subject, spec, risk_model, on_layer, timings, options.device, repeats)
     result.cost = admitted[-1] if admitted else None
+    result.warnings += skipped
     return result
+
+
+SPREAD_WITHIN_SECONDS = 120.0  # design choice: the spread may triple a screen only while it stays short
 
 
 def screen_subject(
@@ -130,14 +150,82 @@ def screen_subject(
     on_layer: ProgressCallback | None = None,
     timings: dict[str, float] | None = None,
     device: str = "cpu",
+    repeats: int = 1,
 ) -> ScreenResult:
-    """Screen a model already built from ``spec`` (the probe trains the same object afterwards)."""
+    """Screen a model already built from ``spec`` (the probe trains the same object afterwards).
+
+    ``repeats`` > 1 screens the same weights on that many independent token samples: the first
+    (``probe.seed``'s own) gives the numbers, the others their spread (``ScreenResult.spread``).
+    """
+    risk_model = risk_model or default_risk_model()
     timings = dict(timings or {})
+    settings = DMDSettings(rank=spec.probe.rank, residual_tol=spec.probe.residual_tol)
     t = time.perf_counter()
-    gen = torch.Generator().manual_seed(spec.probe.seed)
+    first = _measure(subject, spec, spec.probe.seed, settings, device, on_layer)
+    timings["dmd"] = sum(first.dmd_seconds)
+    timings["forward"] = time.perf_counter() - t - timings["dmd"]
+    layer_timings = [{"forward": f, "dmd": d} for f, d in zip(first.block_seconds, first.dmd_seconds, strict=True)]
+    for row, load in zip(layer_timings, subject.load_seconds or [], strict=False):
+        row["materialize"] = load
+    timings["layers"] = layer_timings
+
+    spectra = first.spectra
+    warnings = _warnings(spectra, subject.d_model, spec.probe.tokens, first.distinct, spec.probe.rank)
+    n_degenerate = sum(s.degenerate for s in spectra)
+    if n_degenerate == len(spectra):
+        raise UnassessableError(
+            f"all {n_degenerate} blocks are the identity at initialisation (as with ReZero, Fixup or "
+            "zero-initialised residual branches), so their spectra carry no signal; re-screen a "
+            "checkpoint after a few hundred training steps"
+        )
+    features = _features(first, subject, spec)
+    risk = risk_model.assess(screen_row(spec, features))
+    if risk.verdict == "high":
+        risk.notes.append(KSS_ADVICE)
+    result = ScreenResult(spec, subject.summary, spectra, first.stream_rms, features, risk, timings, warnings)
+    if repeats > 1:
+        t = time.perf_counter()
+        others = [
+            _features(_measure(subject, spec, spec.probe.seed + SPREAD_SEED_STEP * k, settings, device), subject, spec)
+            for k in range(1, repeats)
+        ]
+        result.spread = _spread([features, *others], [risk, *(risk_model.assess(screen_row(spec, f)) for f in others)])
+        timings["spread"] = time.perf_counter() - t
+    return result
+
+
+# Token samples of the spread: seed + k * this, far from the seeds a sweep steps through (0, 1, 2 ...)
+SPREAD_SEED_STEP = 1_000_003
+# The features whose spread a screen reports, beside the risk and the edge.
+SPREAD_FEATURES = ("near_unit_mass_mean", "expansive_mass_mean", "gap_mass_mean", "contractive_mass_mean",
+                   "spectral_radius_mean", "log10_kappa_mean", "eta_nl_mean")  # fmt: skip
+
+
+@dataclass
+class _Measurement:
+    """One token sample's pass: the spectra and what was read on the way."""
+
+    spectra: list[LayerSpectrum]
+    stream_rms: list[float]
+    distinct: int  # the fewest distinct token states of any transition
+    init_loss: float | None
+    dmd_seconds: list[float]
+    block_seconds: list[float]
+
+
+def _measure(
+    subject: Subject,
+    spec: ScreenSpec,
+    token_seed: int,
+    settings: DMDSettings,
+    device: str,
+    on_layer: ProgressCallback | None = None,
+) -> _Measurement:
+    """One forward pass on a token sample drawn with ``token_seed``, each transition profiled as
+    soon as its two states exist (only h_l and h_{l+1} are held at a time)."""
+    gen = torch.Generator().manual_seed(token_seed)
     ids = screen_batch(spec.probe.input, spec.probe.tokens, subject.vocab_size, subject.seq_len, gen)
     positions = sample_positions(ids.numel(), spec.probe.tokens, gen)
-    settings = DMDSettings(rank=spec.probe.rank, residual_tol=spec.probe.residual_tol)
     spectra: list[LayerSpectrum] = []
     stream_rms: list[float] = []
     dmd_seconds: list[float] = []
@@ -166,38 +254,40 @@ def screen_subject(
         previous.append(state)
 
     capture = capture_residual_stream(subject.blocks, lambda: subject.forward(ids), positions, on_state=consume)
-    init_loss = capture.result
-    timings["dmd"] = sum(dmd_seconds)
-    timings["forward"] = time.perf_counter() - t - timings["dmd"]
-    layer_timings = [{"forward": f, "dmd": d} for f, d in zip(capture.block_seconds, dmd_seconds, strict=True)]
-    for row, load in zip(layer_timings, subject.load_seconds or [], strict=False):
-        row["materialize"] = load
+    init_loss = None if capture.result is None else float(capture.result)
+    return _Measurement(spectra, stream_rms, distinct, init_loss, dmd_seconds, capture.block_seconds)
 
-    warnings = _warnings(spectra, subject.d_model, spec.probe.tokens, distinct, spec.probe.rank)
-    n_degenerate = sum(s.degenerate for s in spectra)
-    if n_degenerate == len(spectra):
-        raise UnassessableError(
-            f"all {n_degenerate} blocks are the identity at initialisation (as with ReZero, Fixup or "
-            "zero-initialised residual branches), so their spectra carry no signal; re-screen a "
-            "checkpoint after a few hundred training steps"
-        )
-    features = aggregate(spectra)
+
+def _features(m: _Measurement, subject: Subject, spec: ScreenSpec) -> dict[str, float]:
+    """The flat features of one measurement: aggregates over depth, plus size and init facts."""
+    features = aggregate(m.spectra)
     features.update(
-        stream_growth=stream_rms[-1] / stream_rms[0] if stream_rms[0] > 0 else math.inf,
-        degenerate_layers=float(n_degenerate),
+        stream_growth=m.stream_rms[-1] / m.stream_rms[0] if m.stream_rms[0] > 0 else math.inf,
+        degenerate_layers=float(sum(s.degenerate for s in m.spectra)),
         n_layers=float(subject.n_layers),
         d_model=float(subject.d_model),
         n_experts=float(subject.summary.get("n_experts", 0)),
     )
-    if init_loss is not None:
-        features["init_loss"] = float(init_loss)
+    if m.init_loss is not None:
+        features["init_loss"] = m.init_loss
     init_std = spec.model.init_std if spec.model.init_std is not None else subject.summary.get("initializer_range")
     features["init_std"] = math.nan if spec.model.checkpoint is not None or init_std is None else float(init_std)
-    risk = (risk_model or default_risk_model()).assess(screen_row(spec, features))
-    if risk.verdict == "high":
-        risk.notes.append(KSS_ADVICE)
-    timings["layers"] = layer_timings
-    return ScreenResult(spec, subject.summary, spectra, stream_rms, features, risk, timings, warnings)
+    return features
+
+
+def _spread(features: list[dict[str, float]], risks: list[RiskAssessment]) -> dict[str, Any]:
+    """(min, max) over token samples of the risk, the edge and the main features."""
+
+    def span(values: list[float | None]) -> list[float] | None:
+        finite = [v for v in values if v is not None and math.isfinite(v)]
+        return [min(finite), max(finite)] if len(finite) == len(values) else None
+
+    return {
+        "samples": len(features),
+        "risk": span([r.risk for r in risks]),
+        "lr_edge": span([r.lr_edge for r in risks]),
+        "features": {name: span([f.get(name) for f in features]) for name in SPREAD_FEATURES},
+    }
 
 
 def screen_row(

@@ -260,3 +260,11 @@ def test_the_heatmap_keeps_the_learning_rate_on_an_axis():
     )  # fmt: skip
     assert heatmap_axes(frame) == ["config.training.lr", "config.model.norm"]
     assert heatmap_axes(frame.drop(columns="config.training.lr")) == ["config.model.norm", "config.model.n_layers"]
+
+
+def test_the_gate_says_what_it_gates_on(write_yaml):
+    path = write_yaml("training: {lr: 0.01}\nprobe: {tokens: 256}\n")
+    spread = rksp("screen", path, "--fail-above", "0.9")
+    assert spread.exit_code == 0 and "gate: highest risk over 3 token samples" in spread.stdout
+    single = rksp("screen", path, "--fail-above", "0.9", "--spread", "1")
+    assert single.exit_code == 0 and "gate: risk " in single.stdout and "spread over" not in single.stdout

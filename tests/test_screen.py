@@ -241,3 +241,24 @@ def test_the_cost_estimate_is_checked_before_any_weight_exists():
     spec = spec_from_dict({"model": {"d_model": 1_000_000}})
     with pytest.raises(InputError, match=r"model\.d_model"):
         screen(spec, budget=Budget(memory_bytes=8e9))
+
+
+def test_the_spread_comes_from_more_token_samples_and_leaves_the_numbers_alone():
+    spec = spec_from_dict({"model": {"norm": "pre"}, "training": {"lr": 0.01}, "probe": {"tokens": 512}})
+    once, thrice = screen(spec), screen(spec, repeats=3)
+    assert once.spread is None
+    assert thrice.features == once.features and thrice.risk.risk == once.risk.risk  # sample 0 is the screen
+    spread = thrice.spread
+    assert spread["samples"] == 3
+    low, high = spread["features"]["near_unit_mass_mean"]
+    assert low <= once.features["near_unit_mass_mean"] <= high and low < high  # other samples, other numbers
+    assert spread["risk"][0] <= once.risk.risk <= spread["risk"][1]
+    assert thrice.to_dict()["spread"] == spread
+
+
+def test_a_long_screen_skips_the_spread_and_says_so(monkeypatch):
+    import rksp_cli.screen
+
+    monkeypatch.setattr(rksp_cli.screen, "SPREAD_WITHIN_SECONDS", 0.0)
+    result = screen(spec_from_dict({"training": {"lr": 0.01}, "probe": {"tokens": 256}}), repeats=3)
+    assert result.spread is None and any("spread over token samples not measured" in w for w in result.warnings)
