@@ -152,15 +152,15 @@ def screen(
         bool, typer.Option("--force", help="Run even if the estimated memory or time does not fit.")
     ] = False,
     spread: Annotated[
-        int,
+        int | None,
         typer.Option(
             "--spread",
             min=1,
             metavar="N",
-            help="Also screen N-1 more token samples and report the spread of the risk, the edge and the "
-            "main features (1: off; skipped for screens over 2 minutes).",
+            help="Screen N token samples and report the spread of the risk, the edge and the main "
+            "features (1: off). Default: 3 when that takes under a minute, else 1.",
         ),
-    ] = 3,
+    ] = None,
 ) -> None:
     """Profile the residual stream at init and score the risk that training diverges.
 
@@ -171,6 +171,7 @@ def screen(
     from rksp_cli.budget import Budget
     from rksp_cli.models import BuildOptions
     from rksp_cli.risk import RuleBasedRisk, default_risk_model
+    from rksp_cli.screen import DEFAULT_SPREAD, SPREAD_WITHIN_SECONDS
     from rksp_cli.screen import screen as run_screen
     from rksp_cli.spec import load_spec
 
@@ -188,7 +189,10 @@ def screen(
         if fail_above is not None and spec.training.lr is None and not isinstance(risk_model, RuleBasedRisk):
             raise InputError("training.lr: --fail-above needs the learning rate the run will use")
         with _layer_progress() as on_layer:
-            result = run_screen(spec, risk_model, options, on_layer, budget, repeats=spread)
+            result = run_screen(
+                spec, risk_model, options, on_layer, budget, repeats=spread or DEFAULT_SPREAD,
+                repeats_within=SPREAD_WITHIN_SECONDS if spread is None else None,
+            )  # fmt: skip
     except (InputError, UnassessableError) as exc:
         _fail(exc)
 

@@ -105,14 +105,15 @@ def screen(
     on_layer: ProgressCallback | None = None,
     budget: Budget | None = None,
     repeats: int = 1,
+    repeats_within: float | None = None,
 ) -> ScreenResult:
     """Screen one configuration. Raises ``InputError`` (exit 2) or ``UnassessableError`` (exit 3).
 
     ``budget`` (default: this machine's available memory and an hour) is checked against the
     screen's estimated cost before any weight is made; a config that does not fit is an
     ``InputError`` naming the field to change. ``repeats`` > 1 also measures the spread over that
-    many token samples (``screen_subject``), unless one screen is estimated to take more than
-    ``SPREAD_WITHIN_SECONDS``: a large model is screened once, and a warning says so.
+    many token samples (``screen_subject``); with ``repeats_within`` (seconds), only if all of them
+    are estimated to take no longer, else the model is screened once and a warning says so.
     """
     options = options or BuildOptions()
     budget = budget or Budget()
@@ -122,10 +123,10 @@ def screen(
     def check(shape: ModelShape, fields: str) -> None:
         nonlocal repeats
         once = screen_cost(shape, spec.probe.tokens)
-        if repeats > 1 and once.seconds * repeats > SPREAD_WITHIN_SECONDS:
+        if repeats > 1 and repeats_within is not None and once.seconds * repeats > repeats_within:
             skipped.append(
                 f"spread over token samples not measured: one screen takes ≈ {once.seconds:.0f} s, and "
-                f"{repeats} would take ≈ {once.seconds * repeats:.0f} s"
+                f"{repeats} would take ≈ {once.seconds * repeats:.0f} s (ask for them with --spread {repeats})"
             )
             repeats = 1
         admitted.append(replace(once, seconds=once.seconds * repeats))
@@ -140,7 +141,10 @@ def screen(
     return result
 
 
-SPREAD_WITHIN_SECONDS = 120.0  # design choice: the spread may triple a screen only while it stays short
+# design choice: `rksp screen` measures a spread over 3 token samples by default, but only while
+# that stays under a minute; asked for explicitly, it is measured whatever it costs
+DEFAULT_SPREAD = 3
+SPREAD_WITHIN_SECONDS = 60.0
 
 
 def screen_subject(
