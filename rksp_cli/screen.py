@@ -331,6 +331,12 @@ def _warnings(spectra: list[LayerSpectrum], d: int, n_tokens: int, distinct: int
             f"full DMD on {distinct} token states for d={d} has {d - distinct + 1} structural zero "
             f"eigenvalues: near-unit mass is capped at {(distinct - 1) / d:.2f}; prefer rank: auto"
         )
+    defective = [i for i, s in enumerate(spectra) if not s.degenerate and not math.isfinite(s.kappa)]
+    if defective:
+        out.append(
+            f"κ(V) is infinite (a defective operator: its eigenvectors do not span) in layer(s) {defective}; "
+            "the κ aggregates leave them out"
+        )
     degenerate = [i for i, s in enumerate(spectra) if s.degenerate]
     if degenerate:
         out.append(

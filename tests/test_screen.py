@@ -261,3 +261,15 @@ def test_a_long_screen_skips_the_spread_and_says_so():
     result = screen(spec, repeats=3, repeats_within=0.0)
     assert result.spread is None and any("spread over token samples not measured" in w for w in result.warnings)
     assert screen(spec, repeats=3).spread["samples"] == 3  # no limit given: measured whatever it costs
+
+
+def test_an_infinite_kappa_is_reported_not_dropped_silently():
+    from rksp_cli.koopman import DMDSettings, layer_spectrum
+    from rksp_cli.screen import _warnings
+
+    torch.manual_seed(0)
+    X = torch.randn(8, 200, dtype=torch.float64)
+    spectra = [layer_spectrum(X, 1.1 * X, DMDSettings()) for _ in range(2)]
+    spectra[1].kappa = float("inf")  # what a defective operator reports
+    warnings = _warnings(spectra, d=8, n_tokens=200, distinct=200, rank="auto")
+    assert any("κ(V) is infinite" in w and "[1]" in w for w in warnings)
