@@ -173,7 +173,10 @@ def _thin_svd(Xc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
     removes from Post-LN states (residual streams are computed in float32): kept, such a direction
     becomes a spurious mode with a near-singular eigenvector (measured: log10 kappa 4.3 instead of
     2.0 on a Post-LN/DeepNorm stream). Deciding the rank before whitening matters: whitening would
-    boost round-off directions by eps^-1/2 and make them look real.
+    boost round-off directions by eps^-1/2 and make them look real. The cut is written with float64's
+    eps but applies to squared singular values, so in singular values it sits at sqrt(max(d, N) eps64),
+    3e-7 to 1.3e-6 of the largest for N = 512-8192: above float32's eps (1.2e-7), the round-off level
+    of the float32 states it is applied to.
     """
     d, n = Xc.shape
     gram = Xc @ Xc.T if d <= n else Xc.T @ Xc
