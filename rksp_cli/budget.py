@@ -90,16 +90,17 @@ def screen_cost(shape: ModelShape, tokens: int, threads: int | None = None, trai
     states = 10 * 8.0 * tokens * s.d_model  # h_l, h_l+1, their copies while whitening (float64)
     dmd = 12 * 16.0 * r * r  # Gram matrix, operator, eigenvectors and their inverse (complex128)
     memory = {"weights": weights, "activations": activations, "logits": logits, "spectra": states + dmd}
+    # init (random, or reading a checkpoint) at a parameter rate, the forward pass at a matmul rate
     forward = 2.0 * batch_tokens * (s.n_layers * s.block_parameters + (s.d_model * s.vocab_size if s.lm_head else 0))
     forward += 4.0 * batch_tokens * s.seq_len * s.d_model * s.n_layers
     spectra = s.n_layers * (6.0 * s.d_model * tokens * r + 30.0 * r**3)
-    build = s.parameters / INIT_PARAMETERS_PER_SECOND  # random init or reading a checkpoint, either way
-    seconds = STARTUP_SECONDS + build + forward / (MATMUL_FLOPS_PER_THREAD * threads) + spectra / EIG_FLOPS
+    model_seconds = s.parameters / INIT_PARAMETERS_PER_SECOND + forward / (MATMUL_FLOPS_PER_THREAD * threads)
+    spectra_seconds = spectra / EIG_FLOPS
     return Cost(
         memory_bytes=RUNTIME_BYTES + sum(memory.values()),
-        seconds=seconds,
+        seconds=STARTUP_SECONDS + model_seconds + spectra_seconds,
         memory_driver=_driver(max(memory, key=memory.get)),
-        time_driver="probe.tokens" if spectra / EIG_FLOPS > build + forward / MATMUL_FLOPS_PER_THREAD else "model size",
+        time_driver="probe.tokens" if spectra_seconds > model_seconds else "model size",
         shape=shape,
     )
 

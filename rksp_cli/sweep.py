@@ -85,6 +85,8 @@ def load_grid(path: str | Path) -> list[Point]:
         n = grid["sample"]
         if not isinstance(n, int) or n < 1:
             raise InputError(f"{path}: sample: expected a positive integer")
+        if min(n, total) * len(seeds) > MAX_POINTS:
+            raise InputError(f"{path}: sample: {n:,} x {len(seeds)} seeds is over the {MAX_POINTS:,} a sweep takes")
         # sample indices of the product, never the product itself: a huge grid costs nothing
         chosen_index = random.Random(grid.get("sample_seed", 0)).sample(range(total), min(n, total))
         combos = [_combo(values, i) for i in chosen_index]

@@ -131,15 +131,7 @@ CASES: dict[str, tuple[Case, int, tuple[str, ...]]] = {
         2,
         ("model.d_model", "memory"),
     ),
-    "probe of a transformers config": (
-        lambda t: (
-            ["probe", _yaml(t, "model: {hf_config: c.json}\ntraining: {lr: 0.001}\n", "p.yaml")]
-            if _json(t, {"model_type": "gpt2"}, "c.json")
-            else []
-        ),
-        2,
-        ("built-in gpt",),
-    ),
+    "probe of a transformers config": (lambda t: ["probe", _hf_probe_config(t)], 2, ("built-in gpt",)),
     # --- transformers configs and checkpoints -------------------------------------------------------
     "heads do not divide hidden size": (
         lambda t: ["screen", _json(t, {"model_type": "llama", "hidden_size": 30, "num_attention_heads": 4})],
@@ -208,6 +200,20 @@ CASES: dict[str, tuple[Case, int, tuple[str, ...]]] = {
         2,
         ("axes.training.lr", "{log: [low, high], num: N}"),
     ),
+    "grid sample too large": (
+        lambda t: [
+            "sweep",
+            _grid(
+                t,
+                "  training.lr: {log: [1.0e-4, 1.0], num: 1000}\n"
+                "  training.warmup_steps: {linear: [0, 999], num: 1000}\nsample: 200000\n",
+            ),
+            "--out",
+            t / "s.parquet",
+        ],
+        2,
+        ("sample", "100,000"),
+    ),
     "probe resumes a screen-only journal": (
         lambda t: ["sweep", _screen_only_journal(t), "--out", t / "sweep.parquet", "--probe"],
         2,
@@ -275,6 +281,11 @@ CASES: dict[str, tuple[Case, int, tuple[str, ...]]] = {
     "fail-above out of range": (lambda t: ["screen", _yaml(t, SMALL), "--fail-above", "2"], 2, ("--fail-above",)),
     "threads 0": (lambda t: ["--threads", "0", "screen", _yaml(t, SMALL)], 2, ("--threads",)),
 }
+
+
+def _hf_probe_config(tmp: Path) -> Path:
+    _json(tmp, {"model_type": "gpt2"}, "c.json")
+    return _yaml(tmp, "model: {hf_config: c.json}\ntraining: {lr: 0.001}\n", "p.yaml")
 
 
 def _dir(tmp: Path, name: str) -> Path:
