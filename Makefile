@@ -64,17 +64,20 @@ bench-stability: install
 bench-known-spectrum: install
 	$(BIN)/python benchmarks/known_spectrum.py
 
-# The shipped calibration: ~800 labelled probe runs (about 40 minutes on 2 cores), then the fit and
-# its held-out report. Rerunning resumes from calibration/runs.parquet.journal.
+# The shipped calibration: 800 small labelled probes (about 40 minutes on 2 cores) and 120 deeper,
+# wider ones with warmup, clipping, batch size and task varied (about 45 minutes), then the fit and
+# its held-out report (about 2 minutes). Rerunning resumes from the .journal files, retrying failures.
 calibration: install
 	$(BIN)/rksp sweep grids/calibration.yaml --probe --workers 2 --out calibration/runs.parquet
+	$(BIN)/rksp sweep grids/scale.yaml --probe --workers 2 --out calibration/scale-runs.parquet
 	$(MAKE) refit
 
 # After a change to the estimator: screen every labelled run's init again (labels unchanged; about
 # 2 minutes on 2 cores, resumable), then refit.
 rescreen: install
 	$(BIN)/python calibration/rescreen.py calibration/runs.parquet
+	$(BIN)/python calibration/rescreen.py calibration/scale-runs.parquet
 	$(MAKE) refit
 
 refit: install
-	$(BIN)/rksp calibrate calibration/runs.parquet --out rksp_cli/default_calibration.json --report calibration/report.md
+	$(BIN)/rksp calibrate calibration/runs.parquet calibration/scale-runs.parquet --out rksp_cli/default_calibration.json --report calibration/report.md

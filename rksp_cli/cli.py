@@ -209,10 +209,10 @@ def screen(
     if not math.isfinite(risk):  # never a pass: exit 3 with the reason
         hint = "; set it (--set training.lr=...) to score the run" if spec.training.lr is None else ""
         _fail(UnassessableError(f"no risk was scored: {result.risk.reason}{hint}"))
-    if fail_above is not None:  # the risk shown above, or the highest over the token samples of the spread
-        gated, what = risk, "risk"
-        if result.spread is not None and result.spread["risk"] is not None:
-            gated, what = result.spread["risk"][1], f"highest risk over {result.spread['samples']} token samples"
+    if fail_above is not None:  # the risk, or the interval's top when extrapolated, or the spread's highest
+        gated, what = result.risk.gated
+        if result.spread is not None and result.spread["gated"] is not None and result.spread["gated"][1] > gated:
+            gated, what = result.spread["gated"][1], f"highest {what} over {result.spread['samples']} token samples"
         if gated > fail_above:
             err.print(f"gate: {what} {gated:.2f} > --fail-above {fail_above}: fail", style="red", markup=False)
             raise typer.Exit(1)
@@ -297,34 +297,42 @@ def sweep(
 
 @app.command()
 def calibrate(
-    runs: Annotated[Path, typer.Argument(help="Labelled runs (.parquet) from `rksp sweep --probe`.")],
+    runs: Annotated[list[Path], typer.Argument(help="Labelled runs (.parquet) from `rksp sweep --probe`.")],
     out_path: Annotated[Path, typer.Option("--out", help="Calibration file (.json); a .md report goes beside it.")],
     method: Annotated[str, typer.Option("--method", help="sigmoid (Platt) or isotonic.")] = "sigmoid",
+    label: Annotated[
+        str, typer.Option("--label", help="label (explosion, the paper's) or label_any (explosion or stall).")
+    ] = "label",
     report_path: Annotated[
         Path | None, typer.Option("--report", help="Markdown report (default: beside --out, as .md).")
     ] = None,
     bootstrap: Annotated[int, typer.Option("--bootstrap", min=10, help="Resamples for the AUROC CIs.")] = 1000,
 ) -> None:
-    """Fit P(diverged) on labelled runs; report it held out by configuration, beside the baselines."""
+    """Fit P(diverged) on labelled runs; report how it transfers to held-out scales and architectures."""
     from rksp_cli import render
-    from rksp_cli.calibrate import FEATURE_SETS, SHIPPED, DivergenceModel, evaluate, read_runs, save_calibration
     from rksp_cli.files import atomic_path
+    from rksp_cli.risk.calibration import read_runs, save_calibration
+    from rksp_cli.risk.estimator import DivergenceModel
+    from rksp_cli.risk.evaluation import LABELS, evaluate
 
     if method not in ("sigmoid", "isotonic"):
         _fail(InputError(f"--method: expected sigmoid or isotonic, got {method!r}"))
+    if label not in LABELS:
+        _fail(InputError(f"--label: expected {' or '.join(LABELS)}, got {label!r}"))
     markdown = report_path or out_path.with_suffix(".md")
     _check_output("--out", out_path, ".json")
     _check_output("--report", markdown, ".md")
     try:
-        frame = read_runs(runs)
-        with err.status("grouped cross-validation of every feature set and baseline"):
-            report = evaluate(frame, method=method, n_boot=bootstrap)
-            model = DivergenceModel(features=FEATURE_SETS[SHIPPED], method=method).fit(frame)
+        frame = read_runs(runs, label)
+        with err.status("held-out validation: by scale, architecture and normalisation family"):
+            report = evaluate(frame, label=label, method=method, n_boot=bootstrap)
+        with err.status("final fit and its group-bootstrap refits"):
+            model = DivergenceModel(method=method).fit(frame, frame[label])
     except InputError as exc:
         _fail(exc)
     save_calibration(out_path, model, report, frame)
     with atomic_path(markdown) as tmp:
-        tmp.write_text(render.calibration_markdown(report, source=runs))
+        tmp.write_text(render.calibration_markdown(report, sources=runs))
     render.render_calibration(report, out)
     out.print(f"wrote {out_path} and {markdown}", markup=False)
 

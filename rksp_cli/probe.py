@@ -10,7 +10,11 @@ Design choices, where the paper is silent:
   short probe has no use for a decay schedule);
 * ``sgd`` uses momentum ``betas[0]``;
 * a *loss spike* (for the baseline spike count) is a step whose loss exceeds 1.5x the median of
-  the previous 20 steps.
+  the previous 20 steps;
+* a second label, ``stalled``, catches a run that does not explode but fails to train: it ended
+  (mean loss of its last 20 steps) no lower than its loss at step 0. Deliberately conservative: a
+  slow run at a small lr still improves on its first loss, so it is not called stalled; a run whose
+  lr wrecked it (loss back at or above chance) is. ``label_any`` is either label.
 
 Each probe first screens the freshly initialised model (same seed, same weights), so a row holds
 the init-time features and the outcome of training exactly that init.
@@ -35,6 +39,7 @@ from rksp_cli.screen import ScreenResult, screen_row, screen_subject
 from rksp_cli.spec import ScreenSpec
 from rksp_cli.tasks import make_task
 
+TAIL_STEPS = 20  # the stall label compares the mean loss of the last steps with the first loss
 BASELINE_STEP = 100  # "gradient norm at step 100" in the paper's Table 2
 SPIKE_WINDOW, SPIKE_FACTOR = 20, 1.5
 
@@ -59,8 +64,13 @@ class ProbeResult:
         """A flat record: config.*, feature.*, baseline.*, the label and its provenance."""
         row = self.screen.row() if self.screen is not None else screen_row(self.spec)
         row.update({f"baseline.{k}": v for k, v in self.baselines.items()})
+        tail = tail_loss(self.losses)
+        stalled = not self.diverged and bool(self.losses) and tail >= self.losses[0]
         row.update(
             label=int(self.diverged),
+            label_stall=int(stalled),
+            label_any=int(self.diverged or stalled),
+            tail_loss=tail,
             diverged_step=self.diverged_step,
             steps_run=len(self.losses),
             final_loss=self.losses[-1] if self.losses else math.nan,
@@ -139,6 +149,12 @@ def probe(spec: ScreenSpec, on_step: StepCallback | None = None, budget: Budget 
         screen_error=screen_error,
         baselines=baselines(losses, grads),
     )
+
+
+def tail_loss(losses: list[float], steps: int = TAIL_STEPS) -> float:
+    """Mean loss over the last ``steps`` steps: where the run ended, less noisy than the last step."""
+    tail = losses[-steps:]
+    return sum(tail) / len(tail) if tail else math.nan
 
 
 def divergence_reason(loss: float, grad_norm: float, max_loss: float, max_grad: float) -> str | None:

@@ -18,7 +18,7 @@ from rksp_cli.compare import Change, Comparison
 from rksp_cli.faults import FaultRun
 from rksp_cli.probe import BASELINE_STEP, ProbeResult
 from rksp_cli.report import sweep_axes
-from rksp_cli.risk import format_risk
+from rksp_cli.risk import RiskAssessment, format_risk
 from rksp_cli.screen import ScreenResult
 from rksp_cli.serialize import dumps
 from rksp_cli.watch import HEADLINES, MetricsLog
@@ -82,7 +82,10 @@ def render(result: ScreenResult, console: Console) -> None:
         (risk.verdict.upper(), VERDICT_STYLE[risk.verdict]),
         (f"  {risk.reason}", ""),
     )
-    lines: list[Text] = [headline, Text(f"risk model: {risk.model}", style="dim")]
+    lines: list[Text] = [headline]
+    if line := interval_line(risk):
+        lines.append(Text(line, style="yellow" if risk.extrapolated else "dim"))
+    lines.append(Text(f"risk model: {risk.model}", style="dim"))
     lines += [Text(f"note: {n}", style="dim") for n in risk.notes]
     if risk.out_of_range:
         lines.append(Text(f"outside the calibrated range: {'; '.join(risk.out_of_range)}", style="yellow"))
@@ -98,6 +101,19 @@ def render(result: ScreenResult, console: Console) -> None:
         )
     )
     console.print(Panel(Group(*lines), border_style=VERDICT_STYLE[risk.verdict].split()[-1], expand=False))
+
+
+def interval_line(risk: RiskAssessment) -> str | None:
+    """'90% interval over 50 refits: risk 0.02 to 0.09, edge 0.004 to 0.011' (extrapolated said first)."""
+    parts = []
+    if risk.interval is not None:
+        parts.append(f"risk {format_risk(risk.interval[0])} to {format_risk(risk.interval[1])}")
+    if risk.edge_interval is not None:
+        parts.append(f"edge {risk.edge_interval[0]:.2g} to {risk.edge_interval[1]:.2g}")
+    if not parts:
+        return None
+    head = "extrapolated, not calibrated; " if risk.extrapolated else ""
+    return f"{head}90% interval over bootstrap refits: " + ", ".join(parts)
 
 
 def spread_line(spread: dict) -> str:
@@ -203,38 +219,69 @@ def _metric_cells(m: dict) -> list[str]:
     return [f3(m["auroc"]), f"{f3(lo)}-{f3(hi)}", f3(m["auroc_no_norm"]), f3(m.get("brier")), f3(m.get("ece"))]
 
 
+VALIDATIONS = {  # report key: what the held-out rows are
+    "leave-scale-out": "larger widths and depths than any fitted run",
+    "leave-architecture-out": "architectures the fit never saw (5 grouped folds)",
+    "leave-norm-family-out": "a normalisation family the fit never saw",
+}
+
+
 def render_calibration(report: dict, console: Console) -> None:
-    """Held-out figures for the fitted feature sets and the baselines, and the plain-words verdict."""
-    title = (
-        f"held out by configuration: {report['n_runs']} runs, {report['n_configurations']} configurations, "
-        f"{report['n_diverged']} diverged"
+    """How the fitted model transfers, every feature set, the baselines, and the plain-words verdict."""
+    console.print(
+        f"{report['n_runs']} runs, {report['n_architectures']} architectures, {report['n_positive']} positive "
+        f"({report['label']})",
+        markup=False,
     )
-    table = Table(title=title, title_justify="left")
-    for col in ("model / score", "AUROC", "95% CI", "AUROC no-norm", "Brier", "ECE"):
+    table = Table(title="shipped model, held out", title_justify="left")
+    for col in ("validation", "n", "AUROC", "95% CI", "ECE"):
+        table.add_column(col, justify="left" if col == "validation" else "right", overflow="fold")
+    for name, m in report["validations"].items():
+        auc, ci, _, _, calibration_error = _metric_cells(m)
+        table.add_row(name, str(m["n"]), auc, ci, calibration_error)
+    console.print(table)
+    table = Table(title="feature sets (leave-architecture-out) and baselines", title_justify="left")
+    for col in ("model / score", "AUROC", "95% CI", "no-norm", "Brier", "ECE"):
         table.add_column(col, justify="left" if col == "model / score" else "right", overflow="fold")
-    for name, m in report["models"].items():
+    for name, m in {**report["models"], **report["baselines"]}.items():
         table.add_row(name, *_metric_cells(m))
     console.print(table)
     console.print(report["verdict"], style="bold", markup=False)
 
 
-def calibration_markdown(report: dict, source: Path) -> str:
+def calibration_markdown(report: dict, sources: list[Path]) -> str:
     """The held-out report as Markdown, saved next to the calibration file."""
+    runs = ", ".join(f"`{s}`" for s in sources)
     lines = [
         "# Calibration report",
         "",
-        f"Runs: `{source}`: {report['n_runs']} runs, {report['n_configurations']} configurations, "
-        f"{report['n_diverged']} diverged, {report['n_no_norm']} without normalisation.",
-        f"Label: {report['label']}. Calibration: {report['method']}. Every figure is held out: grouped 5-fold "
-        "cross-validation, a group being one configuration (its seeds never straddle folds); "
-        "AUROC 95% CI from 1000 bootstrap resamples.",
+        f"Runs: {runs}: {report['n_runs']} runs of {report['n_architectures']} architectures, "
+        f"{report['n_positive']} positive, {report['n_no_norm']} without normalisation.",
+        f"Label: {report['label_description']}. Calibration: {report['method']} on grouped out-of-fold scores. "
+        "Every figure is held out; AUROC 95% CIs are group-bootstrap percentiles (architectures resampled).",
+        "",
+        "## Transfer (the shipped feature set)",
+        "",
+        "| validation | held-out rows | n | AUROC | 95% CI | AUROC within no-norm | Brier | ECE (10 bins) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, m in report["validations"].items():
+        what = m.get("split", VALIDATIONS.get(name, ""))
+        lines.append(f"| {name} | {what} | {m['n']} | " + " | ".join(_metric_cells(m)) + " |")
+    for name in ("leave-architecture-out", "leave-norm-family-out"):
+        if by_family := report["validations"].get(name, {}).get("auroc_by_family"):
+            cells = ", ".join(f"{f or '?'} {fmt(a)}" for f, a in by_family.items())
+            lines += ["", f"{name}, AUROC within each normalisation family: {cells}."]
+    lines += [
         "",
         f"**{report['verdict']}.**",
+        "",
+        "## Feature sets (leave-architecture-out) and baselines",
         "",
         "| model / score | AUROC | 95% CI | AUROC within no-norm | Brier | ECE (10 bins) |",
         "|---|---|---|---|---|---|",
     ]
-    for name, m in report["models"].items():
+    for name, m in {**report["models"], **report["baselines"]}.items():
         lines.append(f"| {name} | " + " | ".join(_metric_cells(m)) + " |")
     lines += [
         "",
@@ -243,12 +290,11 @@ def calibration_markdown(report: dict, source: Path) -> str:
         "step-100 signal, not a pre-launch one. The fitted models and the spectral scores exist before training; "
         "the initial gradient norm after one backward pass; the variance and spike count after 100 steps.",
     ]
-    shipped = next(m for m in report["models"].values() if "reliability" in m)
-    by_family = ", ".join(f"{f or '?'} {fmt(a)}" for f, a in shipped.get("auroc_by_family", {}).items())
-    lines += ["", f"Shipped model, AUROC within each normalisation family (held out): {by_family}."]
-    lines += ["", "Reliability of the shipped model (held out):", "", "| predicted | n | mean predicted | observed |"]
-    lines.append("|---|---|---|---|")
-    lines += [f"| {r['bin']} | {r['n']} | {r['predicted']:.3f} | {r['observed']:.3f} |" for r in shipped["reliability"]]
+    for name in ("leave-scale-out", "leave-architecture-out"):
+        if rel := report["validations"].get(name, {}).get("reliability"):
+            lines += ["", f"Reliability, {name}:", "", "| predicted | n | mean predicted | observed |"]
+            lines.append("|---|---|---|---|")
+            lines += [f"| {r['bin']} | {r['n']} | {r['predicted']:.3f} | {r['observed']:.3f} |" for r in rel]
     return "\n".join(lines) + "\n"
 
 

@@ -45,7 +45,7 @@ class ScreenResult:
     timings: dict[str, Any]  # seconds: build, forward, dmd, and per layer under "layers"
     warnings: list[str] = field(default_factory=list)
     cost: Cost | None = None  # the estimate the screen was admitted on (None for a model built by the caller)
-    # over independent token samples (``repeats`` > 1): {"samples", "risk", "lr_edge", "features"},
+    # over independent token samples (``repeats`` > 1): {"samples", "risk", "gated", "lr_edge", "features"},
     # each a [min, max] (None where some sample gave no finite value); None when not measured
     spread: dict[str, Any] | None = None
 
@@ -83,7 +83,10 @@ class ScreenResult:
             "verdict": self.risk.verdict,
             "reason": self.risk.reason,
             "risk_model": {"name": self.risk.model, "calibrated": self.risk.calibrated, "notes": self.risk.notes},
+            "risk_interval": self.risk.interval,
+            "extrapolated": self.risk.extrapolated,
             "lr_edge": self.risk.lr_edge,
+            "lr_edge_interval": self.risk.edge_interval,
             "out_of_range": self.risk.out_of_range,
             "features": self.features,
             "layers": self.layer_rows(),
@@ -289,6 +292,7 @@ def _spread(features: list[dict[str, float]], risks: list[RiskAssessment]) -> di
     return {
         "samples": len(features),
         "risk": span([r.risk for r in risks]),
+        "gated": span([r.gated[0] for r in risks]),  # what --fail-above compares, per sample
         "lr_edge": span([r.lr_edge for r in risks]),
         "features": {name: span([f.get(name) for f in features]) for name in SPREAD_FEATURES},
     }

@@ -192,7 +192,9 @@ class Store:
             )
 
     def keys(self) -> set[str]:
-        return {k for (k,) in self.db.execute("SELECT key FROM points")}
+        """Points already done; a point that failed is not done, so a rerun tries it again."""
+        rows = self.db.execute("SELECT key, row FROM points")  # rows hold NaN: Python's JSON, not SQLite's
+        return {key for key, row in rows if json.loads(row).get("error") is None}
 
     def add(self, row: dict[str, Any]) -> None:
         self.db.execute("INSERT OR REPLACE INTO points VALUES (?, ?)", (row["key"], json.dumps(row, default=str)))
@@ -245,7 +247,7 @@ def run_sweep(
     address: str | None = None,
     on_progress: Progress | None = None,
 ) -> pd.DataFrame:
-    """Run every point not yet in the store, then export the store to ``out``."""
+    """Run every point not yet done in the store (failed points again), then export the store to ``out``."""
     store = Store(out, probe)
     try:
         done = store.keys()

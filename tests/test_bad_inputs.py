@@ -55,9 +55,9 @@ def _checkpoint(tmp: Path, name: str, poison: str | None = None) -> Path:
 
 
 def _runs(tmp: Path, n_configs: int, label: int | None = None) -> Path:
-    from tests.test_calibrate import synthetic_runs
+    from tests.test_risk_model import synthetic_runs
 
-    frame = synthetic_runs(n_configs=n_configs)
+    frame = synthetic_runs(n_arch=n_configs)
     if label is not None:
         frame["label"] = label
     path = tmp / "runs.parquet"
@@ -261,16 +261,16 @@ CASES: dict[str, tuple[Case, int, tuple[str, ...]]] = {
         ("--report", "cannot write"),
     ),
     # --- calibration and monitoring inputs ------------------------------------------------------------
-    "calibrate on one run": (lambda t: ["calibrate", _one_run(t), "--out", t / "c.json"], 2, ("runs", "configuration")),
+    "calibrate on one run": (lambda t: ["calibrate", _one_run(t), "--out", t / "c.json"], 2, ("runs", "architecture")),
     "calibrate on two configurations": (
         lambda t: ["calibrate", _runs(t, 2), "--out", t / "c.json"],
         2,
-        ("runs.parquet", "at least 5 configurations"),
+        ("runs.parquet", "needs at least 5"),
     ),
     "calibrate on one outcome": (
         lambda t: ["calibrate", _runs(t, 20, label=0), "--out", t / "c.json"],
         2,
-        ("runs.parquet", "label 0"),
+        ("runs.parquet", "label = 0"),
     ),
     "watch a binary file": (lambda t: ["watch", _binary(t), "--once"], 2, ("metrics.jsonl", "binary")),
     "watch a missing file": (lambda t: ["watch", t / "none.jsonl", "--once"], 2, ("none.jsonl",)),
@@ -300,10 +300,10 @@ def _binary(tmp: Path) -> Path:
 
 
 def _one_run(tmp: Path) -> Path:
-    from tests.test_calibrate import synthetic_runs
+    from tests.test_risk_model import synthetic_runs
 
     path = tmp / "runs.parquet"
-    synthetic_runs(n_configs=5).head(1).to_parquet(path)
+    synthetic_runs(n_arch=5).head(1).to_parquet(path)
     return path
 
 

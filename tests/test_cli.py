@@ -148,10 +148,10 @@ def test_probe_prints_the_label_as_json(write_yaml):
 
 
 def test_sweep_then_calibrate_then_screen_with_that_calibration(tmp_path):
-    from tests.test_calibrate import synthetic_runs
+    from tests.test_risk_model import synthetic_runs
 
     runs = tmp_path / "runs.parquet"
-    synthetic_runs(n_configs=60).to_parquet(runs)
+    synthetic_runs(n_arch=60).to_parquet(runs)
     cal = tmp_path / "family.json"
     result = rksp("calibrate", runs, "--out", cal, "--bootstrap", "50")
     assert result.exit_code == 0, result.stderr
@@ -166,7 +166,9 @@ def test_sweep_then_calibrate_then_screen_with_that_calibration(tmp_path):
     assert "riskiest" in result.stdout and (tmp_path / "sweep-heatmap.png").stat().st_size > 1000
 
     screen = json.loads(rksp("screen", SCREENS[0], *SMALL, "--calibration", cal, "--json").stdout)
-    assert screen["risk_model"]["calibrated"] is True
+    # the synthetic runs' spectra are not a real model's: the screen says it extrapolates, with an interval
+    assert screen["extrapolated"] is True and screen["risk_model"]["calibrated"] is False
+    assert screen["reason"].startswith("extrapolated") and len(screen["risk_interval"]) == 2
     assert "lr_edge" in screen and "risk 0.2" in screen["reason"]
 
 

@@ -68,9 +68,9 @@ def test_sweep_tables_fit_with_four_axes(narrow, tmp_path):
 
 
 def test_calibration_table_fits(narrow, tmp_path):
-    from tests.test_calibrate import synthetic_runs
+    from tests.test_risk_model import synthetic_runs
 
-    synthetic_runs(n_configs=30).to_parquet(tmp_path / "runs.parquet")
+    synthetic_runs(n_arch=30).to_parquet(tmp_path / "runs.parquet")
     text = narrow("calibrate", tmp_path / "runs.parquet", "--out", tmp_path / "c.json", "--bootstrap", "20")
     assert "AUROC" in text
     assert_fits(text)

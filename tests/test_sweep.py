@@ -91,6 +91,22 @@ def test_a_failing_point_is_recorded_and_the_sweep_goes_on(grid, tmp_path):
     assert len(frame) == 2 and len(failed) == 1 and "identity" in failed["error"].iloc[0]
 
 
+def test_a_failed_point_is_tried_again_on_resume_and_replaced(grid, tmp_path, monkeypatch):
+    import rksp_cli.sweep as sweep
+
+    points = load_grid(grid("axes:\n  training.lr: [0.001, 0.01]\n"))
+    out = tmp_path / "r.parquet"
+    real = sweep.run_point
+    monkeypatch.setattr(sweep, "run_point", lambda config, key, probe: {"key": key, "error": "OSError: transient"}
+                        if key == points[0].key else real(config, key, probe))  # fmt: skip
+    assert run_sweep(points, out)["error"].notna().sum() == 1
+    calls = []
+    monkeypatch.setattr(sweep, "run_point", lambda *a: calls.append(a) or real(*a))
+    frame = run_sweep(points, out)
+    assert len(calls) == 1 and calls[0][1] == points[0].key  # only the failed point ran again
+    assert len(frame) == 2 and frame["error"].isna().all() and frame["key"].is_unique
+
+
 def test_sigkill_midway_then_resume_keeps_every_point_exactly_once(grid, tmp_path):
     path = grid("axes:\n  training.lr: {log: [1e-4, 1e-2], num: 10}\n  model.norm: [pre, none]\n")
     out = tmp_path / "r.parquet"

@@ -1,0 +1,121 @@
+"""From a flat screen row (``config.*``, ``feature.*``) to the numbers the risk model reads.
+
+Every feature exists for any model a user can screen: training hyperparameters, size (depth,
+width, init scale) and the layer-mean spectra. Two choices, both by measurement (README, "The
+risk number"):
+
+* **Layer means, and their pairwise products.** The per-layer extremes (min, max, std over depth)
+  and kappa(V) moved the predicted edge 1.3-2.2x between token samples of one model (issue 13):
+  kappa alone moved the score by 0.32 at d = 512. The means are stable; their products (a
+  quadratic in the spectra and the init scale) recover what the extremes carried about the
+  normalisation family (leave-architecture-out AUROC 0.89 linear, 0.97 with the products).
+* **Scale as a law.** Depth and width enter as log2, linearly, lr as log10 and nothing multiplies
+  the lr: the log stable edge is linear in log width and log depth (a power law, as published lr
+  tables are) and the risk is monotone in lr at any size, inside the calibrated box or not. No
+  product involves depth or width, so nothing quadratic is extrapolated along the scale ladder.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pandas as pd
+
+Column = Callable[[pd.DataFrame], pd.Series]
+
+
+def column(frame: pd.DataFrame, name: str) -> pd.Series:
+    """A numeric column, NaN where absent or not a number."""
+    if name in frame:
+        return pd.to_numeric(frame[name], errors="coerce").astype(float)
+    return pd.Series(np.nan, index=frame.index, dtype=float)
+
+
+def _log(frame: pd.DataFrame, name: str, base: float = 10.0, floor: float = 1e-12) -> pd.Series:
+    return np.log(column(frame, name).clip(lower=floor)) / np.log(base)
+
+
+def _init_std(frame: pd.DataFrame) -> pd.Series:
+    """config.model.init_std for the built-in GPT, the measured init std or initializer_range otherwise."""
+    std = column(frame, "config.model.init_std").fillna(column(frame, "feature.init_std"))
+    return std.fillna(column(frame, "model.initializer_range"))
+
+
+def _clipped(frame: pd.DataFrame) -> pd.Series:
+    """1 when the gradient norm is clipped (at any threshold), else 0."""
+    return column(frame, "config.training.grad_clip").notna().astype(float)
+
+
+def _batch(frame: pd.DataFrame) -> pd.Series:
+    return np.log2(column(frame, "config.training.batch_size").fillna(16.0))
+
+
+FEATURES: dict[str, Column] = {
+    # training hyperparameters
+    "log10_lr": lambda f: _log(f, "config.training.lr"),
+    "log1p_warmup": lambda f: np.log1p(column(f, "config.training.warmup_steps").fillna(0.0)),
+    "clipped": _clipped,
+    "log2_batch": _batch,
+    # size, known for any model
+    "log2_n_layers": lambda f: _log(f, "feature.n_layers", base=2),
+    "log2_d_model": lambda f: _log(f, "feature.d_model", base=2),
+    "log10_init_std": lambda f: np.log10(_init_std(f).clip(lower=1e-6)),
+    # layer-mean spectra of the residual stream at init
+    "near_unit_mass_mean": lambda f: column(f, "feature.near_unit_mass_mean"),
+    "expansive_mass_mean": lambda f: column(f, "feature.expansive_mass_mean"),
+    "gap_mass_mean": lambda f: column(f, "feature.gap_mass_mean"),
+    "log10_rho_mean": lambda f: _log(f, "feature.spectral_radius_mean"),
+    "eta_nl_mean": lambda f: column(f, "feature.eta_nl_mean"),
+    "log10_stream_growth": lambda f: _log(f, "feature.stream_growth"),
+}
+HYPER = ("log10_lr", "log1p_warmup", "clipped", "log2_batch")
+SIZE = ("log2_n_layers", "log2_d_model", "log10_init_std")
+MEANS = tuple(k for k in FEATURES if k not in HYPER + SIZE)
+
+
+def _product(a: str, b: str) -> Column:
+    return lambda f: FEATURES[a](f) * FEATURES[b](f)
+
+
+_FACTORS = (*MEANS, "log10_init_std")
+PRODUCTS = tuple(f"{a}*{b}" for i, a in enumerate(_FACTORS) for b in _FACTORS[i:])
+FEATURES.update({name: _product(*name.split("*")) for name in PRODUCTS})
+SPECTRA = MEANS + PRODUCTS
+NORMS = ("none", "pre", "post", "rms", "deepnorm", "subln")
+
+# The sign each coefficient is held to: +1 risk may only rise with the feature, -1 only fall.
+# A higher lr never makes a run safer, nor does a longer warmup (Xiong et al. 2020; Liu et al. 2020).
+MONOTONE = {"log10_lr": +1, "log1p_warmup": -1}
+
+FEATURE_SETS = {
+    "hyperparameters": HYPER,
+    "hyperparameters + size": HYPER + SIZE,
+    "hyperparameters + spectra": HYPER + SPECTRA,
+    "hyperparameters + size + spectra (shipped)": HYPER + SIZE + SPECTRA,
+    "hyperparameters + size + spectra + norm labels": HYPER + SIZE + SPECTRA + tuple(f"norm_{n}" for n in NORMS),
+}
+SHIPPED = "hyperparameters + size + spectra (shipped)"
+
+
+def design(frame: pd.DataFrame, features: tuple[str, ...]) -> pd.DataFrame:
+    """The named features of each row (NaN where a row lacks one)."""
+    out = {}
+    for name in features:
+        if name.startswith("norm_"):
+            out[name] = (frame.get("config.model.norm") == name.removeprefix("norm_")).astype(float)
+        else:
+            out[name] = FEATURES[name](frame)
+    return pd.DataFrame(out, index=frame.index)
+
+
+# What varies *within* an architecture: a group of runs that share everything else is one
+# architecture, and a held-out architecture must leave the fit with all its lrs and seeds.
+WITHIN_ARCHITECTURE = ("config.training.lr", "config.training.warmup_steps", "config.probe.seed")
+
+
+def architecture_groups(frame: pd.DataFrame) -> pd.Series:
+    """One id per architecture: every config.* column except lr, warmup and seed."""
+    columns = sorted(c for c in frame.columns if c.startswith("config.") and c not in WITHIN_ARCHITECTURE)
+    keys = [repr(values) for values in frame[columns].itertuples(index=False, name=None)]
+    return pd.Series(pd.factorize(pd.Series(keys))[0], index=frame.index)

@@ -1,0 +1,213 @@
+"""The divergence model: monotonicity, transfer validation, intervals, extrapolation, files."""
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from rksp_cli.cli import app
+from rksp_cli.errors import InputError
+from rksp_cli.risk import CalibratedRisk, default_risk_model
+from rksp_cli.risk.calibration import load_calibration, read_runs, save_calibration
+from rksp_cli.risk.estimator import DivergenceModel, MonotoneLogistic
+from rksp_cli.risk.evaluation import architecture_splits, ece, evaluate, scale_split
+from rksp_cli.risk.features import architecture_groups
+
+
+def synthetic_runs(n_arch: int = 60, lrs: int = 6, seed: int = 0) -> pd.DataFrame:
+    """Architectures swept over lr: diverged when lr > edge, edge a power law in width and a spectral feature."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for a in range(n_arch):
+        norm = rng.choice(["none", "pre"])
+        near = rng.uniform(0.7, 1.0) if norm == "none" else rng.uniform(0.1, 0.4)
+        width = float(rng.choice([32, 64, 128, 256]))
+        depth = float(rng.choice([2, 4, 8]))
+        log_edge = -0.5 - 2.0 * near - 0.5 * math.log2(width / 32)
+        for lr in 10 ** rng.uniform(-4, 0, lrs):
+            warmup = int(rng.choice([0, 20]))
+            rows.append({
+                "key": f"{a}-{lr}", "config.model.norm": norm, "config.model.d_model": width,
+                "config.model.n_layers": depth, "config.training.lr": lr, "config.training.warmup_steps": warmup,
+                "config.training.optimizer": "adamw", "config.training.weight_decay": 0.1,
+                "config.model.init_std": 0.02, "feature.n_layers": depth, "feature.d_model": width,
+                "feature.near_unit_mass_mean": near, "feature.expansive_mass_mean": 1 - near,
+                "feature.spectral_radius_mean": 1 + near, "feature.stream_growth": 1.5 + near,
+                "label": int(np.log10(lr) + rng.normal(0, 0.15) - 0.3 * (warmup > 0) > log_edge),
+            })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return synthetic_runs()
+
+
+@pytest.fixture(scope="module")
+def fitted(runs):
+    return DivergenceModel(n_bootstrap=12).fit(runs, runs["label"])
+
+
+@pytest.fixture(scope="module")
+def risk(tmp_path_factory, runs, fitted):
+    path = tmp_path_factory.mktemp("cal") / "cal.json"
+    save_calibration(path, fitted, {"n_runs": len(runs)}, runs)
+    return CalibratedRisk(load_calibration(path))
+
+
+def test_sign_constraints_hold_even_against_the_data():
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(400, 2))
+    y = (X[:, 0] - X[:, 1] + rng.normal(0, 0.5, 400) > 0).astype(int)  # truly: + in x0, - in x1
+    free = MonotoneLogistic().fit(X, y)
+    assert free.coef_[0, 0] > 0 > free.coef_[0, 1]
+    held = MonotoneLogistic(signs=(-1, +1)).fit(X, y)  # constraints that contradict the data
+    assert held.coef_[0, 0] <= 0 <= held.coef_[0, 1]
+    assert held.predict_proba(X).shape == (400, 2) and np.allclose(held.predict_proba(X).sum(1), 1)
+    from sklearn.linear_model import LogisticRegression
+
+    # Unconstrained, the objectives are the same. Both solvers stop on a gradient tolerance (sklearn's
+    # tol=1e-4), so the optima agree to that order relative to the coefficients (about 3 here), not to eps.
+    reference = LogisticRegression(C=1.0).fit(X, y)
+    assert np.allclose(free.coef_, reference.coef_, rtol=2e-3)
+    assert np.allclose(free.intercept_, reference.intercept_, atol=2e-3 * np.abs(reference.coef_).max())
+
+
+def test_fit_is_deterministic_and_predict_proba_is_n_by_2(runs, fitted):
+    again = DivergenceModel(n_bootstrap=12).fit(runs, runs["label"])
+    p = fitted.predict_proba(runs)
+    assert p.shape == (len(runs), 2) and np.allclose(p.sum(1), 1)
+    assert np.array_equal(p, again.predict_proba(runs))
+    assert np.array_equal(fitted.interval(runs), again.interval(runs))
+    assert not any(c.startswith("norm_") for c in fitted.columns_)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_risk_is_monotone_in_lr_and_warmup_for_any_row(fitted, seed):
+    rng = np.random.default_rng(seed)
+    row = synthetic_runs(n_arch=1, lrs=1, seed=100 + seed).iloc[0].to_dict()
+    row |= {"feature.n_layers": float(rng.choice([2, 12, 80])), "feature.d_model": float(rng.choice([64, 8192])),
+            "feature.near_unit_mass_mean": rng.uniform(0, 1),
+            "feature.stream_growth": 10 ** rng.uniform(0, 3)}  # fmt: skip
+    lrs = pd.DataFrame([row] * 50).assign(**{"config.training.lr": np.logspace(-6, 2, 50)})
+    assert np.all(np.diff(fitted.predict_proba(lrs)[:, 1]) >= 0)
+    warm = pd.DataFrame([row] * 50).assign(**{"config.training.warmup_steps": np.arange(0, 5000, 100)})
+    assert np.all(np.diff(fitted.predict_proba(warm)[:, 1]) <= 0)
+
+
+def test_the_edge_is_where_the_risk_reaches_the_level(risk, runs):
+    row = runs.iloc[0].to_dict()
+    edge = risk.edge(row)
+    below = risk.assess({**row, "config.training.lr": edge / 1.01}).risk
+    above = risk.assess({**row, "config.training.lr": edge * 1.01}).risk
+    assert below < risk.edge_level < above
+    fragile = {**row, "feature.near_unit_mass_mean": 0.95, "feature.expansive_mass_mean": 0.05}
+    wider = {**row, "feature.d_model": 256.0}
+    assert risk.edge(fragile) < risk.edge(row) and risk.edge(wider) < risk.edge({**row, "feature.d_model": 32.0})
+
+
+def test_inside_the_box_a_calibrated_risk_with_an_interval(risk, runs):
+    result = risk.assess(runs.iloc[0].to_dict())
+    assert result.calibrated and not result.extrapolated and result.out_of_range == []
+    lo, hi = result.interval
+    assert 0 <= lo <= hi <= 1 and result.gated == (result.risk, "risk")
+
+
+def test_an_80_block_d8192_row_is_extrapolated_with_a_finite_interval(risk, runs):
+    row = {**runs.iloc[0].to_dict(), "feature.n_layers": 80.0, "feature.d_model": 8192.0}
+    result = risk.assess(row)
+    assert result.extrapolated and not result.calibrated and "extrapolated" in result.reason
+    assert "extrapolated" in result.model
+    lo, hi = result.interval
+    assert math.isfinite(lo) and math.isfinite(hi) and lo <= hi
+    assert result.gated == (hi, "upper end of the extrapolation interval")
+    flagged = "; ".join(result.out_of_range)
+    assert "log2_d_model" in flagged and "log2_n_layers" in flagged
+
+
+def test_a_training_setting_the_runs_held_fixed_is_extrapolation(risk, runs):
+    result = risk.assess({**runs.iloc[0].to_dict(), "config.training.optimizer": "sgd"})
+    assert result.extrapolated and any("optimizer" in f for f in result.out_of_range)
+
+
+def test_json_round_trip_predicts_the_same(tmp_path, runs, fitted):
+    save_calibration(tmp_path / "cal.json", fitted, {"n_runs": len(runs)}, runs)
+    loaded = load_calibration(tmp_path / "cal.json")
+    assert np.allclose(loaded.model.predict_proba(runs), fitted.predict_proba(runs), atol=1e-12)
+    assert np.allclose(loaded.model.interval(runs), fitted.interval(runs), atol=1e-12)
+    assert loaded.fixed_settings["training.optimizer"] == "adamw"
+    assert not list(tmp_path.glob(".*.tmp*"))  # written atomically, no temporary left
+
+
+def test_no_architecture_straddles_a_fold_or_the_scale_split(runs):
+    groups = architecture_groups(runs).to_numpy()
+    # lr, warmup and seed vary within an architecture; norm, width and depth make one
+    columns = ["config.model.norm", "config.model.d_model", "config.model.n_layers"]
+    arch = runs[columns].astype(str).agg("/".join, axis=1)
+    assert len(np.unique(groups)) == arch.nunique() and (pd.crosstab(groups, arch) > 0).sum(axis=1).eq(1).all()
+    for train, test in architecture_splits(groups):
+        assert not set(groups[train]) & set(groups[test])
+    train, test, _ = scale_split(runs)
+    assert runs["feature.d_model"].iloc[train].max() < 256 and runs["feature.n_layers"].iloc[train].max() < 8
+    assert ((runs["feature.d_model"].iloc[test] == 256) | (runs["feature.n_layers"].iloc[test] == 8)).all()
+
+
+def test_evaluate_reports_transfer_every_feature_set_and_baseline(runs):
+    report = evaluate(runs, n_boot=50)
+    v = report["validations"]
+    assert set(v) == {"leave-scale-out", "leave-architecture-out", "leave-norm-family-out"}
+    assert v["leave-scale-out"]["auroc"] > 0.8  # the law in width extrapolates on data that follow one
+    shipped = report["models"]["hyperparameters + size + spectra (shipped)"]
+    assert shipped["auroc"] > report["models"]["hyperparameters"]["auroc"]
+    assert shipped["auroc_ci95"][0] <= shipped["auroc"] <= shipped["auroc_ci95"][1]
+    assert sum(r["n"] for r in v["leave-architecture-out"]["reliability"]) == len(runs)
+    assert "raw near-unit mass (paper's score)" in report["baselines"] and "spectra help" in report["verdict"]
+
+
+def test_ece_of_a_perfectly_calibrated_coin_is_small_and_of_a_liar_is_large():
+    rng = np.random.default_rng(0)
+    p = rng.uniform(0, 1, 20000)
+    y = (rng.uniform(0, 1, 20000) < p).astype(int)
+    assert ece(y, p) < 0.02
+    assert ece(y, 1 - p) > 0.3
+
+
+def test_the_shipped_calibration_is_monotone_and_extrapolates_honestly():
+    risk = default_risk_model()
+    assert isinstance(risk, CalibratedRisk)
+    report = risk.calibration.report
+    assert set(report["validations"]) >= {"leave-scale-out", "leave-architecture-out"}
+    row = {"config.training.lr": 1e-3, "config.model.init_std": 0.02, "feature.n_layers": 80.0,
+           "feature.d_model": 8192.0, "feature.near_unit_mass_mean": 0.1, "feature.expansive_mass_mean": 0.5,
+           "feature.spectral_radius_mean": 2.0, "feature.stream_growth": 3.0, "feature.eta_nl_mean": 0.4}  # fmt: skip
+    result = risk.assess(row)
+    assert result.extrapolated and result.interval is not None and not result.calibrated
+    lrs = pd.DataFrame([row] * 40).assign(**{"config.training.lr": np.logspace(-6, 1, 40)})
+    assert np.all(np.diff(risk.calibration.model.predict_proba(lrs)[:, 1]) >= 0)
+
+
+def test_bad_calibration_files_exit_2(tmp_path):
+    with pytest.raises(InputError, match="no such calibration file"):
+        default_risk_model(tmp_path / "missing.json")
+    corrupt = tmp_path / "corrupt.json"
+    corrupt.write_text("{not json")
+    with pytest.raises(InputError, match="not a valid rksp calibration"):
+        load_calibration(corrupt)
+    corrupt.write_text(json.dumps({"kind": "rksp-divergence-model", "model": {}}))  # an old (format 1) file
+    with pytest.raises(InputError, match="refit with `rksp calibrate`"):
+        load_calibration(corrupt)
+    corrupt.write_text(json.dumps({"kind": "something-else"}))
+    result = CliRunner().invoke(app, ["screen", "screens/gpt-small-noln.yaml", "--calibration", str(corrupt)])
+    assert result.exit_code == 2 and "not a valid rksp calibration" in result.stderr
+
+
+def test_runs_without_labels_are_refused(tmp_path):
+    path = tmp_path / "r.parquet"
+    pd.DataFrame({"key": ["a"], "risk": [0.1]}).to_parquet(path)
+    with pytest.raises(InputError, match="rksp sweep --probe"):
+        read_runs([path])
+    with pytest.raises(InputError, match="stall label"):
+        read_runs([path], label="label_any")
