@@ -219,9 +219,11 @@ def _analyse(
     lam, V = torch.linalg.eig(A)
     V = V / torch.linalg.vector_norm(V, dim=0, keepdim=True)
     notes: list[str] = []
+    left = None
     try:
-        left = torch.linalg.inv(V)  # row j is u_j^* with u_j^* A = lambda_j u_j^*
         kappa = float(torch.linalg.cond(V))
+        if settings.residual_tol is not None:  # only the ResDMD filter needs the left eigenvectors
+            left = torch.linalg.inv(V)  # row j is u_j^* with u_j^* A = lambda_j u_j^*
     except RuntimeError:  # defective operator: the eigenvectors do not span
         left, kappa = None, math.inf
         notes.append("eigenvector matrix is singular (defective operator)")

@@ -96,7 +96,7 @@ class CalibratedRisk:
         frame = pd.DataFrame([row])
         notes = [f"label: {cal.report['label_description']}"] if "label_description" in cal.report else []
         out_of_range = model.out_of_range(frame) + self._unfitted_settings(row)
-        edge = self.edge(row)
+        edge = float(model.edge(frame, self.edge_level)[0])
         edge_interval = _pair(model.edge_interval(frame, self.edge_level)[0])
         interval = _pair(model.interval(frame)[0])
         name = self.name if not out_of_range else f"{self.name}; extrapolated"

@@ -137,12 +137,12 @@ class DivergenceModel(ClassifierMixin, BaseEstimator):
 
         self.coef_, self.intercept_, self.calibrator_ = self._fit_once(Z, y, groups)
         rng = np.random.default_rng(self.random_state)
-        unique = np.unique(groups)
+        members = [np.flatnonzero(groups == g) for g in np.unique(groups)]
         self.bootstrap_ = []
         for _ in range(self.n_bootstrap):
-            drawn = rng.choice(unique, size=unique.size, replace=True)
-            rows = np.concatenate([np.flatnonzero(groups == g) for g in drawn])
-            relabel = np.repeat(np.arange(drawn.size), [np.sum(groups == g) for g in drawn])  # a redraw is a new group
+            drawn = [members[i] for i in rng.integers(0, len(members), len(members))]
+            rows = np.concatenate(drawn)
+            relabel = np.repeat(np.arange(len(drawn)), [len(m) for m in drawn])  # a redraw is a new group
             if len(np.unique(y[rows])) < 2:
                 continue
             try:
