@@ -11,7 +11,7 @@ TORCH  := torch==2.13.0
 STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 SCREEN ?= screens/gpt-small-noln.yaml
 
-.PHONY: install screen test lint format clean bench-norms bench-sweep bench-dmd bench-scale bench-kss bench-faults bench-stability bench-known-spectrum calibration rescreen refit
+.PHONY: install screen test lint format clean bench-norms bench-sweep bench-dmd bench-scale bench-kss bench-kss-regime bench-faults bench-stability bench-known-spectrum bench-ladder bench-published calibration horizon rescreen refit
 
 install: $(STAMP)
 
@@ -53,6 +53,12 @@ bench-scale: install
 bench-kss: install
 	$(BIN)/python benchmarks/kss_stress.py
 
+# Issue 15: KSS and the usual fixes where divergence develops slowly; `regime` first (about 10
+# minutes on 2 cores), then `arms` (9 arms x 24 runs of 1000 steps, about 1.5 hours). Resumable.
+bench-kss-regime: install
+	$(BIN)/python benchmarks/kss_regime.py regime
+	$(BIN)/python benchmarks/kss_regime.py arms
+
 bench-faults: install
 	$(BIN)/python benchmarks/faults.py
 
@@ -63,6 +69,16 @@ bench-stability: install
 # The estimator against snapshot pairs with a known spectrum, d = 64 ... 4096 (~30 s).
 bench-known-spectrum: install
 	$(BIN)/python benchmarks/known_spectrum.py
+
+# Issue 14's proxy-ladder bars: the edge at 4W predicted from widths up to W, and the GPT-3 and
+# Pythia ladders (about 30 minutes on 2 cores; resumable).
+bench-ladder: install
+	$(BIN)/python benchmarks/ladder.py
+
+# Issue 14's real configs at their published settings: GPT-2 124M and Pythia 70M-1.4B screened
+# with the shipped risk model (about 10 minutes on 2 cores).
+bench-published: install
+	$(BIN)/python benchmarks/published.py
 
 # The shipped calibration: 800 small labelled probes (about 40 minutes on 2 cores) and 120 deeper,
 # wider ones with warmup, clipping, batch size and task varied (about 45 minutes), then the fit and
@@ -78,6 +94,12 @@ rescreen: install
 	$(BIN)/python calibration/rescreen.py calibration/runs.parquet
 	$(BIN)/python calibration/rescreen.py calibration/scale-runs.parquet
 	$(MAKE) refit
+
+# Issue 14's longer horizon: 48 probes of 1000 steps (about 15 minutes on 2 cores, resumable), then
+# what the 200-step label missed and how the shipped risk scores them (calibration/horizon.json).
+horizon: install
+	$(BIN)/rksp sweep grids/horizon.yaml --probe --workers 2 --out calibration/horizon-runs.parquet
+	$(BIN)/python calibration/horizon.py calibration/horizon-runs.parquet
 
 refit: install
 	$(BIN)/rksp calibrate calibration/runs.parquet calibration/scale-runs.parquet --out rksp_cli/default_calibration.json --report calibration/report.md

@@ -161,6 +161,10 @@ def screen(
             "features (1: off). Default: 3 when that takes under a minute, else 1.",
         ),
     ] = None,
+    ladder: Annotated[
+        Path | None,
+        typer.Option("--ladder", help="A proxy ladder from `rksp ladder` (.parquet): also predict the edge from it."),
+    ] = None,
 ) -> None:
     """Profile the residual stream at init and score the risk that training diverges.
 
@@ -188,11 +192,18 @@ def screen(
         risk_model = default_risk_model(calibration)
         if fail_above is not None and spec.training.lr is None and not isinstance(risk_model, RuleBasedRisk):
             raise InputError("training.lr: --fail-above needs the learning rate the run will use")
+        ladder_fit = None
+        if ladder is not None:  # read and fitted before the screen: a wrong ladder is a bad input
+            from rksp_cli.ladder import fit_ladder, ladder_target, read_ladder
+
+            frame = read_ladder(ladder)
+            ladder_fit = fit_ladder(frame, ladder_target(ladder, frame, spec))
         with _layer_progress() as on_layer:
             result = run_screen(
                 spec, risk_model, options, on_layer, budget, repeats=spread or DEFAULT_SPREAD,
                 repeats_within=SPREAD_WITHIN_SECONDS if spread is None else None,
             )  # fmt: skip
+        result.ladder = ladder_fit
     except (InputError, UnassessableError) as exc:
         _fail(exc)
 
@@ -211,8 +222,11 @@ def screen(
         _fail(UnassessableError(f"no risk was scored: {result.risk.reason}{hint}"))
     if fail_above is not None:  # the risk, or the interval's top when extrapolated, or the spread's highest
         gated, what = result.risk.gated
-        if result.spread is not None and result.spread["gated"] is not None and result.spread["gated"][1] > gated:
+        if result.spread is not None and result.spread["gated"] is not None and result.spread["gated"][1] >= gated:
             gated, what = result.spread["gated"][1], f"highest {what} over {result.spread['samples']} token samples"
+        lr = spec.training.lr
+        if result.ladder is not None and lr is not None and (p := result.ladder.prediction.p_above_edge(lr)) > gated:
+            gated, what = p, "the ladder's P(edge below training.lr)"
         if gated > fail_above:
             err.print(f"gate: {what} {gated:.2f} > --fail-above {fail_above}: fail", style="red", markup=False)
             raise typer.Exit(1)
@@ -293,6 +307,82 @@ def sweep(
     if report:
         page = write_html(out_path.with_name(out_path.stem + "-report.html"), sweep_html(frame, axes, grid))
         out.print(f"report: {page}", markup=False)
+
+
+@app.command()
+def ladder(
+    ctx: typer.Context,
+    path: Annotated[Path, typer.Argument(help="Target: screen config (.yaml) or transformers config.json.")],
+    out_path: Annotated[Path, typer.Option("--out", help="Probed proxies (.parquet); a .journal beside it resumes.")],
+    widths: Annotated[
+        str | None, typer.Option("--widths", help="Proxy widths, e.g. 32,64,128 (default: up to 128).")
+    ] = None,
+    depths: Annotated[
+        str | None, typer.Option("--depths", help="Proxy depths, e.g. 2,4 (default: the target's if <= 4, else 2,4,8).")
+    ] = None,
+    seeds: Annotated[str, typer.Option("--seeds", help="Seeds per proxy, e.g. 0,1.")] = "0",
+    lr_range: Annotated[str, typer.Option("--lr-range", help="First round's lrs: LOW,HIGH (log-spaced).")] = "1e-4,1",
+    lr_points: Annotated[int, typer.Option("--lr-points", min=2, help="lrs in the first round.")] = 7,
+    resolution: Annotated[
+        float, typer.Option("--resolution", help="Refine each edge until its bracket's hi/lo is at most this.")
+    ] = 1.25,
+    steps: Annotated[int | None, typer.Option("--steps", min=1, help="Probe horizon (default training.steps).")] = None,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="Override a field for the proxies (repeatable).")
+    ] = None,
+    workers: Annotated[int, typer.Option("--workers", min=1, help="Local worker processes.")] = 1,
+    backend: Annotated[str, typer.Option("--backend", help="local or ray.")] = "local",
+    address: Annotated[str | None, typer.Option("--address", help="Ray cluster address (e.g. auto).")] = None,
+    json_: Annotated[bool, typer.Option("--json", help="Print the fit and prediction as JSON.")] = False,
+) -> None:
+    """Probe width/depth-scaled proxies of a target across lrs; fit the edge against scale; predict the target's.
+
+    Rerun the same command to resume. Use the result with `rksp screen TARGET --ladder OUT`.
+    """
+    from rksp_cli import render
+    from rksp_cli.ladder import Search, default_depths, default_widths, fit_ladder, run_ladder, target_of
+    from rksp_cli.spec import load_spec
+
+    _use_threads(ctx, 1)
+    if backend not in ("local", "ray"):
+        _fail(InputError(f"--backend: expected local or ray, got {backend!r}"))
+    _check_output("--out", out_path, ".parquet")
+    console = err if json_ else out
+    try:
+        spec = load_spec(path)
+        target = target_of(spec, [*(set_ or []), *([f"training.steps={steps}"] if steps else [])])
+        search = Search(tuple(_numbers("--lr-range", lr_range, float, 0.0, 2)), lr_points, resolution)
+        w = _numbers("--widths", widths, int, 1) if widths else default_widths(target)
+        d = _numbers("--depths", depths, int, 1) if depths else default_depths(target)
+        s = _numbers("--seeds", seeds, int, 0)
+        console.print(render.ladder_plan(target, w, d, s, search), markup=False, highlight=False)
+
+        with _progress("probes", len(w) * len(d) * len(s) * search.lr_points) as advance:
+
+            def on_round(round_: int, points: int) -> Callable[..., None]:
+                console.print(f"round {round_ + 1}: {points} probes", style="dim", markup=False)
+                return advance
+
+            frame = run_ladder(target, w, d, s, search, out_path, workers, backend, address, on_round)
+        fit = fit_ladder(frame, target)
+    except InputError as exc:
+        _fail(exc)
+    if json_:
+        typer.echo(render.dumps(fit.to_dict(spec.training.lr)))
+    else:
+        render.render_ladder(fit, spec.training.lr, out)
+        out.print(f"wrote {out_path}; use it: rksp screen {path} --ladder {out_path}", markup=False)
+
+
+def _numbers(option: str, text: str, kind: type, least: float, count: int | None = None) -> list[Any]:
+    """'32,64,128' as a sorted list of distinct numbers (or ``count`` in order), each >= ``least``."""
+    try:
+        values = [kind(v) for v in text.split(",")]
+    except ValueError:
+        raise InputError(f"{option} {text}: expected comma-separated {kind.__name__}s") from None
+    if (count is not None and len(values) != count) or any(not v >= least for v in values):
+        raise InputError(f"{option} {text}: expected {count or 'some'} {kind.__name__}s, each at least {least:g}")
+    return values if count is not None else sorted(set(values))
 
 
 @app.command()
@@ -489,7 +579,7 @@ def _progress(label: str, total: int, failures: bool = False) -> Iterator[Callab
         task = progress.add_task(label, total=total, failed=0)
 
         def advance(done: int, total: int | None = None, failed: int = 0) -> None:
-            progress.update(task, completed=done, failed=failed)
+            progress.update(task, completed=done, failed=failed, **({"total": total} if total else {}))
 
         yield advance
 

@@ -136,14 +136,12 @@ class _RoundUp(torch.autograd.Function):
 
 def _low_precision_attention(attn: CausalSelfAttention, bits: int) -> Callable[[torch.Tensor], torch.Tensor]:
     def forward(x: torch.Tensor) -> torch.Tensor:
-        B, T, C = x.shape
-        q, k, v = attn.qkv(x).split(C, dim=2)
-        q, k, v = (t.view(B, T, attn.n_heads, C // attn.n_heads).transpose(1, 2) for t in (q, k, v))
+        q, k, v = attn.heads(x)
+        T = x.shape[1]
         scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
         causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
         p = _RoundUp.apply(scores.masked_fill(~causal, float("-inf")).softmax(-1), bits)
-        y = _RoundUp.apply(p @ v, bits)
-        return attn.proj(attn.sub_norm(y.transpose(1, 2).contiguous().view(B, T, C)))
+        return attn.output(_RoundUp.apply(p @ v, bits))
 
     return forward
 

@@ -37,8 +37,9 @@ from rksp_cli.kss import KoopmanSpectralShaping
 from rksp_cli.models import build_subject
 from rksp_cli.screen import ScreenResult, screen_row, screen_subject
 from rksp_cli.spec import ScreenSpec
-from rksp_cli.tasks import make_task
+from rksp_cli.tasks import IGNORE, Task, make_task
 
+EVAL_BATCH, EVAL_SEED = 256, 2**31 - 1  # the held-out batch of the final accuracy
 TAIL_STEPS = 20  # the stall label compares the mean loss of the last steps with the first loss
 BASELINE_STEP = 100  # "gradient norm at step 100" in the paper's Table 2
 SPIKE_WINDOW, SPIKE_FACTOR = 20, 1.5
@@ -59,6 +60,7 @@ class ProbeResult:
     screen: ScreenResult | None  # None when the init could not be assessed
     screen_error: str | None = None
     baselines: dict[str, float] = field(default_factory=dict)
+    accuracy: float = math.nan  # final next-token accuracy on a held-out batch; NaN for a diverged run
 
     def row(self) -> dict[str, Any]:
         """A flat record: config.*, feature.*, baseline.*, the label and its provenance."""
@@ -74,6 +76,7 @@ class ProbeResult:
             diverged_step=self.diverged_step,
             steps_run=len(self.losses),
             final_loss=self.losses[-1] if self.losses else math.nan,
+            final_accuracy=self.accuracy,
             label_reason=self.reason,
             screen_error=self.screen_error,
             probe_seconds=self.seconds,
@@ -119,9 +122,14 @@ def probe(spec: ScreenSpec, on_step: StepCallback | None = None, budget: Budget 
     diverged_step, reason = None, f"no divergence in {train.steps} steps"
     for step in range(train.steps):
         inputs, targets = task.batch(train.batch_size, gen)
-        _, loss = model(inputs, targets)
+        logits, loss = model(inputs, targets)
+        objective = loss  # the label reads the task loss alone; the objective adds what the run adds
+        if train.z_loss:
+            objective = objective + train.z_loss * z_loss(logits, targets)
+        if kss is not None:
+            objective = objective + kss(step)
         optimizer.zero_grad(set_to_none=True)
-        (loss + kss(step) if kss is not None else loss).backward()  # the label reads the task loss alone
+        objective.backward()
         grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), train.grad_clip or math.inf))
         loss_value = float(loss.detach())
         losses.append(loss_value)
@@ -136,6 +144,7 @@ def probe(spec: ScreenSpec, on_step: StepCallback | None = None, budget: Budget 
         schedule.step()
     if kss is not None:
         kss.remove()
+    accuracy = math.nan if diverged_step is not None else task_accuracy(model, task)
     return ProbeResult(
         spec=spec,
         diverged=diverged_step is not None,
@@ -148,7 +157,26 @@ def probe(spec: ScreenSpec, on_step: StepCallback | None = None, budget: Budget 
         screen=screen,
         screen_error=screen_error,
         baselines=baselines(losses, grads),
+        accuracy=accuracy,
     )
+
+
+def z_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """PaLM's auxiliary loss: the mean squared log-partition function where a loss is taken."""
+    return torch.logsumexp(logits[targets != IGNORE].float(), dim=-1).square().mean()
+
+
+def task_accuracy(model: torch.nn.Module, task: Task, size: int = EVAL_BATCH) -> float:
+    """Next-token accuracy where the task takes a loss, on one held-out batch that every run shares
+    (its own seed, apart from any training stream): for associative recall, the recalled value."""
+    inputs, targets = task.batch(size, torch.Generator().manual_seed(EVAL_SEED))
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        logits, _ = model(inputs)
+    model.train(was_training)
+    scored = targets != IGNORE
+    return float((logits.argmax(-1)[scored] == targets[scored]).float().mean())
 
 
 def tail_loss(losses: list[float], steps: int = TAIL_STEPS) -> float:

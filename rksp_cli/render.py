@@ -16,6 +16,7 @@ from rich.text import Text
 
 from rksp_cli.compare import Change, Comparison
 from rksp_cli.faults import FaultRun
+from rksp_cli.ladder import LadderFit, Search, Target
 from rksp_cli.probe import BASELINE_STEP, ProbeResult
 from rksp_cli.report import sweep_axes
 from rksp_cli.risk import RiskAssessment, format_risk
@@ -91,6 +92,8 @@ def render(result: ScreenResult, console: Console) -> None:
         lines.append(Text(f"outside the calibrated range: {'; '.join(risk.out_of_range)}", style="yellow"))
     if result.spread is not None:
         lines.append(Text(spread_line(result.spread), style="dim"))
+    if result.ladder is not None:
+        lines += ladder_lines(result.ladder, result.config["training"].get("lr"))
     lines += [Text(f"warning: {w}", style="yellow") for w in result.warnings]
     lr = result.config["training"].get("lr")
     lines.append(
@@ -434,3 +437,59 @@ def comparison_markdown(c: Comparison) -> str:
     else:
         lines += ["", "Config: identical."]
     return "\n".join(lines) + "\n"
+
+
+def ladder_plan(target: Target, widths: list[int], depths: list[int], seeds: list[int], search: Search) -> str:
+    """What a ladder will probe, before it starts: the cost is the first round plus a few per proxy."""
+    n = len(widths) * len(depths) * len(seeds)
+    lo, hi = search.lr_range
+    lines = [
+        f"ladder for width {target.width}, depth {target.depth}: {n} proxies",
+        f"  widths {', '.join(map(str, widths))}; depths {', '.join(map(str, depths))}; "
+        f"seeds {', '.join(map(str, seeds))}",
+        f"  round 1: {search.lr_points} lrs from {lo:g} to {hi:g} each ({n * search.lr_points} probes)",
+        f"  then 2 per proxy and round, to a {search.resolution:g}x bracket",
+    ]
+    return "\n".join(lines + [f"note: {note}" for note in target.notes])
+
+
+def render_ladder(fit: LadderFit, lr: float | None, console: Console) -> None:
+    """Each proxy's bracketed edge, the fitted power law, and the target's predicted edge."""
+    table = Table(title="edges: largest lr that trained, smallest that diverged", title_justify="left")
+    for column in ("width", "depth", "seed", "trained", "diverged", "edge", "probes"):
+        table.add_column(column, justify="right")
+    for row in fit.edges.itertuples():
+        table.add_row(
+            str(row.width), str(row.depth), str(row.seed), _lr(row.lo), _lr(row.hi),
+            "outside the range" if row.censored else _lr(row.edge), str(row.probes),
+        )  # fmt: skip
+    console.print(table)
+    law = " · ".join(f"{axis}^{power:+.2f}" for axis, power in fit.law.exponents.items()) or "constant"
+    console.print(f"law: edge ∝ {law} ({len(fit.law.proxies_)} proxies, {fit.law.dof_} residual dof)", markup=False)
+    console.print(_ladder_prediction(fit, lr), markup=False)
+
+
+def ladder_lines(fit: LadderFit, lr: float | None) -> list[Text]:
+    """The ladder's prediction for a screen's panel: the edge, its interval, extrapolation and lr."""
+    styles = {"extrapolated": "yellow", "note": "dim"}
+    return [Text(line, style=styles.get(line.split(":")[0], "")) for line in _ladder_prediction(fit, lr).split("\n")]
+
+
+def _ladder_prediction(fit: LadderFit, lr: float | None) -> str:
+    p = fit.prediction
+    lo, hi = p.interval
+    lines = [f"ladder edge at width {p.width}, depth {p.depth}: {p.edge:.2g} (90% interval {lo:.2g} to {hi:.2g})"]
+    if p.extrapolated:
+        lines.append("extrapolated: " + "; ".join(p.extrapolated))
+    if lr is not None:
+        lines.append(_lr_line(fit, lr))
+    return "\n".join(lines + [f"note: {n}" for n in p.notes])
+
+
+def _lr_line(fit: LadderFit, lr: float) -> str:
+    p = fit.prediction
+    return f"training.lr {lr:g} is {lr / p.edge:.2g}x that edge; P(edge below it) {format_risk(p.p_above_edge(lr))}"
+
+
+def _lr(value: float | None) -> str:
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.3g}"

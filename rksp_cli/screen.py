@@ -10,7 +10,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -24,6 +24,9 @@ from rksp_cli.models import BuildOptions, Subject, build_subject
 from rksp_cli.models.streaming import release_free_memory
 from rksp_cli.risk import RiskAssessment, RiskModel, default_risk_model
 from rksp_cli.spec import ScreenSpec, flatten
+
+if TYPE_CHECKING:
+    from rksp_cli.ladder import LadderFit
 
 ProgressCallback = Callable[[int, int], None]  # (layers done, layers total)
 
@@ -48,6 +51,7 @@ class ScreenResult:
     # over independent token samples (``repeats`` > 1): {"samples", "risk", "gated", "lr_edge", "features"},
     # each a [min, max] (None where some sample gave no finite value); None when not measured
     spread: dict[str, Any] | None = None
+    ladder: LadderFit | None = None  # `screen --ladder`: the edge predicted from probed proxies
 
     @property
     def config(self) -> dict[str, Any]:
@@ -95,6 +99,7 @@ class ScreenResult:
             "warnings": self.warnings,
             "timings_s": self.timings,
             "spread": self.spread,
+            "ladder": None if self.ladder is None else self.ladder.to_dict(self.spec.training.lr),
             "estimate": None
             if self.cost is None
             else {"memory_bytes": self.cost.memory_bytes, "seconds": self.cost.seconds},

@@ -33,7 +33,12 @@ SPEC_SUFFIXES = (".yaml", ".yml")
 
 # Fields of ``model`` that describe the built-in GPT; a transformers config or checkpoint
 # carries its own architecture, so setting one of these beside it is a contradiction.
-_GPT_ONLY = ("norm", "d_model", "n_layers", "n_heads", "vocab_size", "mlp_ratio", "zero_init_residual", "n_experts")
+_GPT_ONLY = ("norm", "d_model", "n_layers", "n_heads", "vocab_size", "mlp_ratio", "zero_init_residual", "n_experts",
+             "qk_norm")  # fmt: skip
+
+# Fields added after sweep journals existed, with the value a config had before them: at that
+# value (or unset) they stay out of the key, so an older journal's rows still resume.
+ADDED_LATER = {("model", "qk_norm"): False, ("training", "z_loss"): 0.0}
 
 
 def _rank(value: Any) -> Any:
@@ -65,6 +70,7 @@ class ModelSpec(_Section):
     mlp_ratio: Annotated[int, Field(ge=1)] | None = None
     zero_init_residual: bool | None = None
     n_experts: Annotated[int, Field(ge=0)] | None = None
+    qk_norm: bool | None = None
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSpec:
@@ -113,6 +119,7 @@ class TrainingSpec(_Section):
     diverge_grad_norm: Annotated[float, Field(gt=0)] = 500.0
     kss_alpha: Annotated[float, Field(ge=0)] = 0.0  # rksp probe: Koopman Spectral Shaping weight; 0 = off
     kss_every: Annotated[int, Field(ge=1)] = 10  # rksp probe: KSS interval in steps
+    z_loss: Annotated[float, Field(ge=0)] = 0.0  # rksp probe: PaLM's z-loss weight on log(Z)^2 (1e-4 there); 0 = off
 
     @field_validator("task")
     @classmethod
@@ -151,6 +158,9 @@ class ScreenSpec(_Section):
     def key(self, with_seed: bool = True) -> str:
         """A stable hash of the resolved config: with the seed it names a run, without it a configuration."""
         data = self.resolved()
+        for (section, name), before in ADDED_LATER.items():
+            if data[section].get(name) in (before, None):
+                data[section].pop(name, None)
         if not with_seed:
             data["probe"].pop("seed")
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
@@ -163,7 +173,7 @@ def load_spec(path: str | Path, overrides: list[str] | None = None) -> ScreenSpe
         raise InputError(f"{path}: no such file or directory")
     raw = _raw_from_path(path)
     for item in overrides or []:
-        _apply_override(raw, item)
+        apply_override(raw, item)
     return spec_from_dict(raw, source=str(path))
 
 
@@ -223,7 +233,8 @@ def _resolve_relative_paths(raw: dict[str, Any], base: Path) -> None:
             block[key] = str(base / value)
 
 
-def _apply_override(raw: dict[str, Any], item: str) -> None:
+def apply_override(raw: dict[str, Any], item: str) -> None:
+    """Apply one ``--set SECTION.FIELD=VALUE`` (the value read as YAML) to raw config data."""
     key, sep, text = item.partition("=")
     if not sep or not all(key.strip().split(".")):
         raise InputError(f"--set {item!r}: expected SECTION.FIELD=VALUE, e.g. training.lr=3e-3")

@@ -37,7 +37,7 @@ import yaml
 
 from rksp_cli.errors import InputError
 from rksp_cli.files import atomic_path
-from rksp_cli.spec import load_spec, set_field, spec_from_dict
+from rksp_cli.spec import ADDED_LATER, load_spec, set_field, spec_from_dict
 
 Progress = Callable[[int, int, int], None]  # (done, total, failed)
 
@@ -202,7 +202,7 @@ class Store:
 
     def frame(self) -> pd.DataFrame:
         rows = [json.loads(r) for (r,) in self.db.execute("SELECT row FROM points ORDER BY rowid")]
-        return pd.DataFrame(rows)
+        return fill_added_later(pd.DataFrame(rows))
 
     def export(self) -> pd.DataFrame:
         frame = self.frame()
@@ -212,6 +212,17 @@ class Store:
 
     def close(self) -> None:
         self.db.close()
+
+
+def fill_added_later(frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows recorded before a config field existed, given the value they had then (``ADDED_LATER``),
+    so that old and new rows of one configuration compare equal (journals, ladders, calibration)."""
+    if not any(c.startswith("config.") for c in frame):
+        return frame
+    for (section, name), before in ADDED_LATER.items():
+        column = f"config.{section}.{name}"
+        frame[column] = frame[column].where(frame[column].notna(), before) if column in frame else before
+    return frame
 
 
 def run_point(config: dict[str, Any], key: str, probe: bool) -> dict[str, Any]:

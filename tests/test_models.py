@@ -70,3 +70,19 @@ def test_capture_on_transformers_skips_the_final_norm_that_hidden_states_applies
     assert not torch.allclose(states[-1], hidden[-1], atol=1e-3)  # transformers' last entry is ln_f(h_L)
     with torch.no_grad():  # the same float32 LayerNorm on the same input: the same bits
         assert torch.equal(model.ln_f(states[-1].float()).double(), hidden[-1])
+
+
+def test_qk_norm_normalises_each_heads_queries_and_keys_and_leaves_values_alone():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(d_model=64, n_heads=4, n_layers=1, qk_norm=True))
+    attn = model.blocks[0].attn
+    x = torch.randn(2, 8, 64) * 5
+    q, k, v = attn.heads(x)
+    assert q.shape == k.shape == v.shape == (2, 4, 8, 16)
+    for t in (q, k):  # LayerNorm over the head width, gains one and biases zero at init
+        assert torch.allclose(t.mean(-1), torch.zeros(()), atol=1e-5)
+        assert torch.allclose(t.var(-1, unbiased=False), torch.ones(()), atol=1e-3)
+    plain = GPT(GPTConfig(d_model=64, n_heads=4, n_layers=1))
+    plain.load_state_dict(model.state_dict(), strict=False)  # same weights, no q/k norms
+    assert torch.equal(plain.blocks[0].attn.heads(x)[2], v)
+    assert not torch.allclose(plain.blocks[0].attn.heads(x)[0], q)

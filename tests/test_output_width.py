@@ -113,3 +113,16 @@ def test_help_fits_and_shows_no_type_placeholders(command):
     text = CliRunner().invoke(app, [command, "--help"], terminal_width=WIDTH).output
     assert "<bool>" not in text
     assert_fits(text)
+
+
+def test_ladder_plan_table_and_screen_lines_fit(narrow, tmp_path):
+    path = _yaml(tmp_path, "model: {d_model: 64, n_layers: 1, n_heads: 2, norm: none}\ntraining: {lr: 0.003, steps: 30}"
+                           "\nprobe: {tokens: 128}\n")  # fmt: skip
+    out = tmp_path / "ladder.parquet"
+    text = narrow("ladder", path, "--out", out, "--widths", "8,16,32", "--lr-range", "1e-3,3", "--lr-points", "4",
+                  "--resolution", "3")  # fmt: skip
+    assert "ladder edge at width 64" in text and "law: edge ∝ width^" in text
+    assert_fits(text)
+    text = narrow("screen", path, "--ladder", out, "--fail-above", "0.99")
+    assert "ladder edge" in text and "P(edge below it)" in text
+    assert_fits(text)

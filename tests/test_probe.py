@@ -88,3 +88,45 @@ def test_kss_changes_the_updates_but_not_what_the_label_reads():
     again = probe(_spec({"norm": "none"}, {"lr": 1e-3, "steps": 12, "kss_alpha": 0.15}))
     assert plain.losses[0] == shaped.losses[0]  # step 0 loss is the task loss of the same init
     assert plain.losses[-1] != shaped.losses[-1] and shaped.losses == again.losses
+
+
+def test_z_loss_is_the_mean_squared_log_partition_where_a_loss_is_taken():
+    from rksp_cli.probe import z_loss
+
+    logits = torch.randn(2, 5, 7)
+    targets = torch.full((2, 5), -100)
+    targets[:, -1] = 3
+    expected = torch.logsumexp(logits[:, -1], -1).square().mean()
+    assert torch.allclose(z_loss(logits, targets), expected)
+
+
+def test_z_loss_changes_training_but_not_what_the_label_reads():
+    plain = probe(_spec(training={"lr": 3e-3, "steps": 6}))
+    with_z = probe(_spec(training={"lr": 3e-3, "steps": 6, "z_loss": 1.0}))
+    assert plain.losses[0] == with_z.losses[0]  # step 0: the task loss of the same init and batch
+    assert plain.losses[-1] != with_z.losses[-1]  # the updates differ
+
+
+def test_final_accuracy_is_measured_on_a_shared_held_out_batch_and_nan_when_diverged():
+    spec = _spec(model={"seq_len": 16, "vocab_size": 32}, training={"lr": 1e-3, "steps": 3, "task": "assoc_recall"})
+    first, again = probe(spec), probe(spec)
+    assert 0.0 <= first.accuracy <= 1.0 and first.accuracy == again.accuracy
+    assert first.row()["final_accuracy"] == first.accuracy
+    exploded = probe(_spec(model={"norm": "none", "init_std": 2.0}, training={"lr": 10.0, "steps": 50}))
+    assert exploded.diverged and math.isnan(exploded.accuracy)
+
+
+def test_fields_added_later_keep_the_keys_of_configs_that_do_not_use_them():
+    """A journal written before qk_norm and z_loss existed still resumes: at their old values they
+    stay out of the key, and rows without their columns read as those values."""
+    import pandas as pd
+
+    from rksp_cli.sweep import fill_added_later
+
+    base = spec_from_dict({})
+    assert spec_from_dict({"model": {"qk_norm": False}, "training": {"z_loss": 0.0}}).key() == base.key()
+    assert spec_from_dict({"model": {"qk_norm": True}}).key() != base.key()
+    assert spec_from_dict({"training": {"z_loss": 1e-4}}).key() != base.key()
+    old = fill_added_later(pd.DataFrame({"config.model.norm": ["pre", "pre"], "config.model.qk_norm": [None, True]}))
+    assert old["config.model.qk_norm"].tolist() == [False, True]
+    assert old["config.training.z_loss"].tolist() == [0.0, 0.0]

@@ -15,6 +15,8 @@ same model. Six residual-stream normalisations:
   the value, output-projection and MLP weights' std scaled by gamma = sqrt(ln(2L)).
 
 ``n_experts`` > 0 replaces every MLP with a top-2 mixture of experts (for the MoE router monitor).
+``qk_norm`` adds a LayerNorm on each head's queries and keys (Dehghani et al. 2023; Wortsman et
+al. 2023), the usual fix for attention-logit growth at high learning rates.
 
 Init: every weight matrix and embedding N(0, init_std^2) (times the per-norm factors above),
 biases zero, norm gains one. With ``zero_init_residual`` the output projection of every residual
@@ -45,6 +47,7 @@ class GPTConfig:
     init_std: float = 0.02
     zero_init_residual: bool = False
     n_experts: int = 0  # > 0: every MLP becomes a top-2 mixture of this many experts
+    qk_norm: bool = False  # LayerNorm on each head's queries and keys
 
     @property
     def post_norm(self) -> bool:
@@ -66,14 +69,23 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model)
         self.sub_norm = nn.LayerNorm(cfg.d_model, eps=1e-5) if cfg.norm == "subln" else nn.Identity()
+        head = cfg.d_model // cfg.n_heads
+        self.q_norm = nn.LayerNorm(head, eps=1e-5) if cfg.qk_norm else nn.Identity()
+        self.k_norm = nn.LayerNorm(head, eps=1e-5) if cfg.qk_norm else nn.Identity()
+
+    def heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries, keys and values, (batch, heads, tokens, head width), queries and keys normalised."""
+        B, T, C = x.shape
+        q, k, v = (t.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2) for t in self.qkv(x).split(C, dim=2))
+        return self.q_norm(q), self.k_norm(k), v
+
+    def output(self, y: torch.Tensor) -> torch.Tensor:
+        """The heads' outputs (batch, heads, tokens, head width) merged and projected back to the stream."""
+        B, H, T, D = y.shape
+        return self.proj(self.sub_norm(y.transpose(1, 2).contiguous().view(B, T, H * D)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, T, C = x.shape
-        q, k, v = self.qkv(x).split(C, dim=2)
-        q, k, v = (t.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)
-        return self.proj(self.sub_norm(y))
+        return self.output(F.scaled_dot_product_attention(*self.heads(x), is_causal=True))
 
 
 class MLP(nn.Module):

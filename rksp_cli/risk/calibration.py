@@ -14,6 +14,7 @@ from rksp_cli.errors import InputError
 from rksp_cli.files import atomic_path
 from rksp_cli.risk.estimator import FOLDS, DivergenceModel
 from rksp_cli.risk.features import architecture_groups
+from rksp_cli.sweep import fill_added_later
 
 KIND = "rksp-divergence-model"
 FORMAT = 2  # 2: the monotone model with bootstrap refits (issue 14); 1 was the lr-interaction model
@@ -31,7 +32,7 @@ def read_runs(paths: list[Path], label: str = "label") -> pd.DataFrame:
         if not path.is_file():
             raise InputError(f"{path}: no such file")
         try:
-            frame = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
+            frame = fill_added_later(pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path))
         except Exception as exc:
             raise InputError(f"{path}: cannot read runs ({type(exc).__name__})") from None
         for col in (label, "config.training.lr"):

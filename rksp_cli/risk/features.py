@@ -68,10 +68,15 @@ FEATURES: dict[str, Column] = {
     "log10_rho_mean": lambda f: _log(f, "feature.spectral_radius_mean"),
     "eta_nl_mean": lambda f: column(f, "feature.eta_nl_mean"),
     "log10_stream_growth": lambda f: _log(f, "feature.stream_growth"),
+    # a candidate beyond the spectra, measured in the report and not shipped: the gradient scale at
+    # init (pre-clip global norm of the first step's gradient, before any update, so lr-free). A
+    # screen would need a backward pass for it; it is only worth one if it earns its place.
+    "log10_init_grad_norm": lambda f: np.log10(column(f, "baseline.init_grad_norm").clip(1e-12, 1e12)),
 }
 HYPER = ("log10_lr", "log1p_warmup", "clipped", "log2_batch")
 SIZE = ("log2_n_layers", "log2_d_model", "log10_init_std")
-MEANS = tuple(k for k in FEATURES if k not in HYPER + SIZE)
+GRADIENT = ("log10_init_grad_norm",)
+MEANS = tuple(k for k in FEATURES if k not in HYPER + SIZE + GRADIENT)
 
 
 def _product(a: str, b: str) -> Column:
@@ -94,6 +99,8 @@ FEATURE_SETS = {
     "hyperparameters + spectra": HYPER + SPECTRA,
     "hyperparameters + size + spectra (shipped)": HYPER + SIZE + SPECTRA,
     "hyperparameters + size + spectra + norm labels": HYPER + SIZE + SPECTRA + tuple(f"norm_{n}" for n in NORMS),
+    "hyperparameters + size + init gradient norm": HYPER + SIZE + GRADIENT,
+    "hyperparameters + size + spectra + init gradient norm": HYPER + SIZE + SPECTRA + GRADIENT,
 }
 SHIPPED = "hyperparameters + size + spectra (shipped)"
 

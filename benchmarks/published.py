@@ -1,0 +1,79 @@
+"""Real configs at their published settings (issue 14's bar): do they screen low, with the edge
+above the published lr, and does the edge fall with size as the published lrs do?
+
+GPT-2 124M as nanoGPT reproduces it (lr 6e-4, warmup 2000, 512 sequences per batch, clipping 1.0,
+weight decay 0.1) and the Pythia suite from 70M to 1.4B (model cards: lr 1e-3 to 2e-4, warmup 1%
+of 143,000 steps, 1024 sequences, clipping 1.0, weight decay 0.01), randomly initialised from their
+configs (benchmarks/configs) and screened once (N = 2048 token states) with the shipped risk model.
+Every one lies outside the calibrated box (warmup and batch alone), so each reports an interval.
+
+Writes benchmarks/results/published.json and prints Markdown. About 10 minutes on 2 cores (the
+1B and 1.4B screens dominate). Run: make bench-published
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from rksp_cli.files import atomic_path
+from rksp_cli.risk import default_risk_model
+from rksp_cli.screen import screen
+from rksp_cli.spec import load_spec
+
+HERE = Path(__file__).parent
+RESULTS = HERE / "results" / "published.json"
+GPT2 = {"lr": 6e-4, "warmup_steps": 2000, "batch_size": 512, "grad_clip": 1.0, "weight_decay": 0.1}
+PYTHIA = {"warmup_steps": 1430, "batch_size": 1024, "grad_clip": 1.0, "weight_decay": 0.01}
+CASES = {  # name: (config file, training settings)
+    "GPT-2 124M": ("gpt2-124m.json", GPT2),
+    "Pythia 70M": ("pythia-70m.json", PYTHIA | {"lr": 1e-3}),
+    "Pythia 160M": ("pythia-160m.json", PYTHIA | {"lr": 6e-4}),
+    "Pythia 410M": ("pythia-410m.json", PYTHIA | {"lr": 3e-4}),
+    "Pythia 1B": ("pythia-1b.json", PYTHIA | {"lr": 3e-4}),
+    "Pythia 1.4B": ("pythia-1.4b.json", PYTHIA | {"lr": 2e-4}),
+}
+
+
+def run(name: str) -> dict:
+    config, training = CASES[name]
+    spec = load_spec(HERE / "configs" / config, [f"training.{k}={v}" for k, v in training.items()])
+    result = screen(spec, default_risk_model())
+    r = result.risk
+    return {
+        "model": name, "width": int(result.features["d_model"]), "depth": int(result.features["n_layers"]),
+        "lr": training["lr"], "risk": r.risk, "risk_interval": r.interval, "verdict": r.verdict,
+        "edge": r.lr_edge, "edge_interval": r.edge_interval, "edge_over_lr": r.lr_edge / training["lr"],
+        "extrapolated": r.extrapolated, "out_of_range": r.out_of_range, "seconds": sum(
+            v for v in result.timings.values() if isinstance(v, float)),
+    }  # fmt: skip
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| model | width x depth | published lr | risk [90% interval] | verdict | edge [90% interval] "
+             "| edge / lr |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in rows:
+        ri, ei = r["risk_interval"] or [None, None], r["edge_interval"] or [None, None]
+        lines.append(
+            f"| {r['model']} | {r['width']} x {r['depth']} | {r['lr']:.2g} | {r['risk']:.3f} "
+            f"[{ri[0]:.3f}, {ri[1]:.3f}] | {r['verdict']} | {r['edge']:.2g} [{ei[0]:.2g}, {ei[1]:.2g}] "
+            f"| {r['edge_over_lr']:.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    torch.set_num_threads(2)
+    names = sys.argv[1:] or list(CASES)
+    rows = [run(name) for name in names]
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(RESULTS) as tmp:
+        tmp.write_text(json.dumps(rows, indent=1))
+    print(markdown(rows))
+
+
+if __name__ == "__main__":
+    main()
