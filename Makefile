@@ -53,8 +53,9 @@ bench-scale: install
 bench-kss: install
 	$(BIN)/python benchmarks/kss_stress.py
 
-# Issue 15: KSS and the usual fixes where divergence develops slowly; `regime` first (about 10
-# minutes on 2 cores), then `arms` (9 arms x 24 runs of 1000 steps, about 1.5 hours). Resumable.
+# Issue 15: KSS and the usual fixes where divergence develops slowly; `regime` first (20 runs of
+# up to 1000 steps, about 30 minutes on 2 cores), then `arms` (9 arms x 24 runs, about 3 hours).
+# Resumable: rerun to go on.
 bench-kss-regime: install
 	$(BIN)/python benchmarks/kss_regime.py regime
 	$(BIN)/python benchmarks/kss_regime.py arms

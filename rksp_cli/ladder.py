@@ -103,7 +103,7 @@ def _translate(path: Path, init_std: float | None) -> tuple[dict[str, Any], int,
     notes = [
         f"proxies: the built-in GPT with {config.model_type}'s width, depth, heads, MLP ratio "
         f"{max(1, round(inner / width))} and init std {init_std:g}; norm {norm}"
-        + ("" if norm == "rms" else " (a LayerNorm model taken as pre-LN; --set model.norm=post if it is not)")
+        + ("" if norm == "rms" else " (LayerNorm taken as pre-LN; else --set model.norm=post)")
     ]
     gpt = {"arch": "gpt", "norm": norm, "d_model": width, "n_layers": depth, "n_heads": heads,
            "init_std": init_std, "mlp_ratio": max(1, round(inner / width))}  # fmt: skip

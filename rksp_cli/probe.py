@@ -40,6 +40,7 @@ from rksp_cli.spec import ScreenSpec
 from rksp_cli.tasks import IGNORE, Task, make_task
 
 EVAL_BATCH, EVAL_SEED = 256, 2**31 - 1  # the held-out batch of the final accuracy
+SENSITIVITY_BATCH, SENSITIVITY_STEP = 16, 1e-3  # update_sensitivity: a small step keeps it linear
 TAIL_STEPS = 20  # the stall label compares the mean loss of the last steps with the first loss
 BASELINE_STEP = 100  # "gradient norm at step 100" in the paper's Table 2
 SPIKE_WINDOW, SPIKE_FACTOR = 20, 1.5
@@ -108,6 +109,7 @@ def probe(spec: ScreenSpec, on_step: StepCallback | None = None, budget: Budget 
     model = subject.module
     task = make_task(train.task, subject.vocab_size, subject.seq_len)
     optimizer = _optimizer(model, spec)
+    sensitivity = update_sensitivity(model, task, spec.probe.seed)  # before training; the weights are restored
     warmup = train.warmup_steps
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
     gen = torch.Generator().manual_seed(spec.probe.seed + 1)  # data stream, independent of the init
@@ -156,9 +158,32 @@ def probe(spec: ScreenSpec, on_step: StepCallback | None = None, budget: Budget 
         train_seconds=time.perf_counter() - t_train,
         screen=screen,
         screen_error=screen_error,
-        baselines=baselines(losses, grads),
+        baselines=baselines(losses, grads) | {"update_sensitivity": sensitivity},
         accuracy=accuracy,
     )
+
+
+def update_sensitivity(model: torch.nn.Module, task: Task, seed: int, step: float = SENSITIVITY_STEP) -> float:
+    """How far one optimizer update moves the output at init, per unit lr: Admin's "output change"
+    (Liu et al. 2020) for Adam, whose first step moves every parameter by lr x sign(gradient).
+
+    RMS change of the logits on one batch (its own generator, apart from the training stream) after
+    a step of ``step`` along -sign(gradient), divided by ``step``: lr-free, so an edge is where lr
+    times it reaches order one. The weights are restored exactly and the gradients cleared.
+    """
+    inputs, targets = task.batch(SENSITIVITY_BATCH, torch.Generator().manual_seed(seed + 3))
+    params = [p for p in model.parameters() if p.requires_grad]
+    logits, loss = model(inputs, targets)
+    grads = torch.autograd.grad(loss, params, allow_unused=True)
+    saved = [p.detach().clone() for p in params]
+    with torch.no_grad():
+        for p, g in zip(params, grads, strict=True):
+            if g is not None:
+                p.sub_(step * g.sign())
+        moved, _ = model(inputs)
+        for p, original in zip(params, saved, strict=True):
+            p.copy_(original)
+    return float((moved - logits.detach()).square().mean().sqrt() / step)
 
 
 def z_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -164,6 +164,7 @@ def render_probe(result: ProbeResult, console: Console) -> None:
         "grad_norm_at_k": f"gradient norm at step {k}",
         "grad_norm_var_k": f"gradient variance, steps 1-{k}",
         "loss_spikes": "loss spikes (> 1.5x the 20-step median)",
+        "update_sensitivity": "output change per unit lr (Admin)",
     }
     for name, value in result.baselines.items():
         table.add_row(labels.get(name, name), str(int(value)) if name == "loss_spikes" else fmt(value))
@@ -219,7 +220,10 @@ def _metric_cells(m: dict) -> list[str]:
         return "-" if x is None or math.isnan(x) else f"{x:.3f}"
 
     lo, hi = m["auroc_ci95"]
-    return [f3(m["auroc"]), f"{f3(lo)}-{f3(hi)}", f3(m["auroc_no_norm"]), f3(m.get("brier")), f3(m.get("ece"))]
+    calibration_error = f3(m.get("ece"))
+    if m.get("ece_ci95") is not None and not math.isnan(m["ece_ci95"][0]):  # reports before it lack it
+        calibration_error += " ({:.2f}-{:.2f})".format(*m["ece_ci95"])
+    return [f3(m["auroc"]), f"{f3(lo)}-{f3(hi)}", f3(m["auroc_no_norm"]), f3(m.get("brier")), calibration_error]
 
 
 VALIDATIONS = {  # report key: what the held-out rows are
@@ -265,7 +269,7 @@ def calibration_markdown(report: dict, sources: list[Path]) -> str:
         "",
         "## Transfer (the shipped feature set)",
         "",
-        "| validation | held-out rows | n | AUROC | 95% CI | AUROC within no-norm | Brier | ECE (10 bins) |",
+        "| validation | held-out rows | n | AUROC | 95% CI | AUROC within no-norm | Brier | ECE (10 bins, 95% CI) |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for name, m in report["validations"].items():
@@ -281,7 +285,7 @@ def calibration_markdown(report: dict, sources: list[Path]) -> str:
         "",
         "## Feature sets (leave-architecture-out) and baselines",
         "",
-        "| model / score | AUROC | 95% CI | AUROC within no-norm | Brier | ECE (10 bins) |",
+        "| model / score | AUROC | 95% CI | AUROC within no-norm | Brier | ECE (10 bins, 95% CI) |",
         "|---|---|---|---|---|---|",
     ]
     for name, m in {**report["models"], **report["baselines"]}.items():
@@ -291,7 +295,8 @@ def calibration_markdown(report: dict, sources: list[Path]) -> str:
         "The gradient-norm-at-step-100 baseline is near-perfect by construction: a run that diverges before step "
         "100 does so by crossing the label's own gradient threshold, which that baseline then reads. It is a "
         "step-100 signal, not a pre-launch one. The fitted models and the spectral scores exist before training; "
-        "the initial gradient norm after one backward pass; the variance and spike count after 100 steps.",
+        "the initial gradient norm and the output change per unit lr after one backward pass; the variance and "
+        "spike count after 100 steps.",
     ]
     for name in ("leave-scale-out", "leave-architecture-out"):
         if rel := report["validations"].get(name, {}).get("reliability"):

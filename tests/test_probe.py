@@ -130,3 +130,18 @@ def test_fields_added_later_keep_the_keys_of_configs_that_do_not_use_them():
     old = fill_added_later(pd.DataFrame({"config.model.norm": ["pre", "pre"], "config.model.qk_norm": [None, True]}))
     assert old["config.model.qk_norm"].tolist() == [False, True]
     assert old["config.training.z_loss"].tolist() == [0.0, 0.0]
+
+
+def test_update_sensitivity_restores_the_weights_and_grows_with_the_init_scale():
+    from rksp_cli.models import build_subject
+    from rksp_cli.probe import update_sensitivity
+
+    values = []
+    for std in (0.02, 0.2):
+        subject = build_subject(_spec(model={"norm": "none", "init_std": std}).model, 0)
+        before = [p.detach().clone() for p in subject.module.parameters()]
+        task = make_task("synthetic_lm", subject.vocab_size, subject.seq_len)
+        values.append(update_sensitivity(subject.module, task, seed=0))
+        assert all(torch.equal(a, b) for a, b in zip(before, subject.module.parameters(), strict=True))
+        assert all(p.grad is None for p in subject.module.parameters())
+    assert 0 < values[0] < values[1] and all(math.isfinite(v) for v in values)

@@ -41,9 +41,11 @@ def auroc(y: np.ndarray, score: np.ndarray) -> float:
 
 
 def group_bootstrap_ci(
-    y: np.ndarray, score: np.ndarray, groups: np.ndarray, n: int = BOOTSTRAP_CI, seed: int = 0
-) -> tuple[float, float]:
-    """95% percentile interval of the AUROC with whole groups resampled."""
+    y: np.ndarray, score: np.ndarray, groups: np.ndarray, n: int = BOOTSTRAP_CI, seed: int = 0,
+    statistic: Callable[[np.ndarray, np.ndarray], float] | None = None,
+) -> tuple[float, float]:  # fmt: skip
+    """95% percentile interval of a statistic (default the AUROC) with whole groups resampled."""
+    statistic = statistic or auroc
     rng = np.random.default_rng(seed)
     members = [np.flatnonzero(groups == g) for g in np.unique(groups)]
     if not members:
@@ -52,7 +54,7 @@ def group_bootstrap_ci(
     for _ in range(n):
         idx = np.concatenate([members[i] for i in rng.integers(0, len(members), len(members))])
         if len(np.unique(y[idx])) == 2:
-            stats.append(auroc(y[idx], score[idx]))
+            stats.append(statistic(y[idx], score[idx]))
     return (float(np.percentile(stats, 2.5)), float(np.percentile(stats, 97.5))) if stats else (math.nan, math.nan)
 
 
@@ -81,6 +83,7 @@ def metrics(y: np.ndarray, score: np.ndarray, groups: np.ndarray, family: np.nda
     }  # fmt: skip
     if probability:
         out.update(brier=float(np.mean((score - y) ** 2)), ece=ece(y, score))
+        out["ece_ci95"] = list(group_bootstrap_ci(y, score, groups, n_boot, statistic=ece))
     return out
 
 
@@ -114,6 +117,7 @@ BASELINE_SCORES = {  # score column, is it a probability?
     "raw near-unit mass (paper's score)": ("feature.near_unit_mass_mean", True),
     "spectral radius (mean)": ("feature.spectral_radius_mean", False),
     "initial gradient norm": ("baseline.init_grad_norm", False),
+    "output change per unit lr (Admin)": ("baseline.update_sensitivity", False),
     "gradient norm at step 100": ("baseline.grad_norm_at_k", False),
     "gradient variance, steps 1-100": ("baseline.grad_norm_var_k", False),
     "loss-spike count": ("baseline.loss_spikes", False),

@@ -68,15 +68,17 @@ FEATURES: dict[str, Column] = {
     "log10_rho_mean": lambda f: _log(f, "feature.spectral_radius_mean"),
     "eta_nl_mean": lambda f: column(f, "feature.eta_nl_mean"),
     "log10_stream_growth": lambda f: _log(f, "feature.stream_growth"),
-    # a candidate beyond the spectra, measured in the report and not shipped: the gradient scale at
-    # init (pre-clip global norm of the first step's gradient, before any update, so lr-free). A
-    # screen would need a backward pass for it; it is only worth one if it earns its place.
+    # candidates beyond the spectra, measured in the report and not shipped: the gradient scale at
+    # init (pre-clip global norm of the first step's gradient) and Admin's output change per unit
+    # lr of a first Adam step (probe.update_sensitivity); both lr-free. A screen would need a
+    # backward pass for either; it is only worth one if they earn their place.
     "log10_init_grad_norm": lambda f: np.log10(column(f, "baseline.init_grad_norm").clip(1e-12, 1e12)),
+    "log10_update_sensitivity": lambda f: np.log10(column(f, "baseline.update_sensitivity").clip(1e-12, 1e12)),
 }
 HYPER = ("log10_lr", "log1p_warmup", "clipped", "log2_batch")
 SIZE = ("log2_n_layers", "log2_d_model", "log10_init_std")
-GRADIENT = ("log10_init_grad_norm",)
-MEANS = tuple(k for k in FEATURES if k not in HYPER + SIZE + GRADIENT)
+GRADIENT, SENSITIVITY = ("log10_init_grad_norm",), ("log10_update_sensitivity",)
+MEANS = tuple(k for k in FEATURES if k not in HYPER + SIZE + GRADIENT + SENSITIVITY)
 
 
 def _product(a: str, b: str) -> Column:
@@ -101,6 +103,8 @@ FEATURE_SETS = {
     "hyperparameters + size + spectra + norm labels": HYPER + SIZE + SPECTRA + tuple(f"norm_{n}" for n in NORMS),
     "hyperparameters + size + init gradient norm": HYPER + SIZE + GRADIENT,
     "hyperparameters + size + spectra + init gradient norm": HYPER + SIZE + SPECTRA + GRADIENT,
+    "hyperparameters + size + update sensitivity (Admin)": HYPER + SIZE + SENSITIVITY,
+    "hyperparameters + size + spectra + update sensitivity": HYPER + SIZE + SPECTRA + SENSITIVITY,
 }
 SHIPPED = "hyperparameters + size + spectra (shipped)"
 

@@ -1,0 +1,158 @@
+"""KSS and the usual fixes in the slow-divergence regime (issue 15).
+
+``regime``: the baseline of the RKSP paper's KSS stress setting, as far as the paper names it (no
+normalisation, width 128, associative recall with sequence 64, vocabulary 256 and 4 pairs, AdamW
+with warmup), over an lr grid, 4 seeds each: how often it diverges, and when. The setting the
+arms use is the one where the baseline diverges in 40-80% of runs after warmup. Measured here
+(README, "KSS results"): every run diverged at lr >= 0.005 (median step 142 at 0.005, 51 at
+0.015) and none at 0.003, so the arms run at 0.0035-0.0045, across that edge.
+
+``arms``: at least 24 runs per arm (lrs x seeds) in that setting: the baseline; KSS as published
+(alpha 0.10 / 0.15 / 0.20, every 10 steps on half the layers); gradient clipping 0.5 / 1.0;
+qk-layernorm; z-loss 1e-4; a 4x longer warmup. Per arm: runs diverged, Fisher's exact p against
+the baseline (two-sided), median diverging step, final accuracy of the runs that trained, and ms
+per training step (the same workers on the same machine; a ratio to the baseline's).
+
+Every probe runs through the sweep machinery (journals under benchmarks/results/kss/, so a rerun
+resumes). Writes benchmarks/results/kss.json and prints Markdown.
+Run: python benchmarks/kss_regime.py [regime|arms] (make bench-kss-regime)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from scipy.stats import fisher_exact
+
+from rksp_cli.files import atomic_path
+from rksp_cli.spec import set_field, spec_from_dict
+from rksp_cli.sweep import Point, run_sweep
+
+HERE = Path(__file__).parent / "results"
+RESULTS = HERE / "kss.json"
+REGIME = {  # the paper's stress setting, as far as it names it
+    "model": {"norm": "none", "d_model": 128, "n_layers": 4, "n_heads": 4, "seq_len": 64, "vocab_size": 256},
+    "training": {"task": "assoc_recall", "warmup_steps": 100, "batch_size": 32, "steps": 1000},
+}
+REGIME_LRS = (0.003, 0.005, 0.0075, 0.01, 0.015)
+REGIME_SEEDS = range(4)
+ARMS: dict[str, dict[str, Any]] = {
+    "baseline": {},
+    "KSS alpha 0.10": {"training.kss_alpha": 0.10},
+    "KSS alpha 0.15": {"training.kss_alpha": 0.15},
+    "KSS alpha 0.20": {"training.kss_alpha": 0.20},
+    "clip 0.5": {"training.grad_clip": 0.5},
+    "clip 1.0": {"training.grad_clip": 1.0},
+    "qk-layernorm": {"model.qk_norm": True},
+    "z-loss 1e-4": {"training.z_loss": 1e-4},
+    "warmup x4": {"training.warmup_steps": 400},
+}
+
+
+def _point(lr: float, seed: int, changes: dict[str, Any]) -> Point:
+    raw = json.loads(json.dumps(REGIME))
+    set_field(raw, "training.lr", lr)
+    set_field(raw, "probe.seed", seed)
+    for name, value in changes.items():
+        set_field(raw, name, value)
+    spec = spec_from_dict(raw, source="kss benchmark")
+    return Point(spec.key(), spec.resolved())
+
+
+def _run(points: list[Point], name: str, workers: int) -> pd.DataFrame:
+    (HERE / "kss").mkdir(parents=True, exist_ok=True)
+    frame = run_sweep(points, HERE / "kss" / f"{name}.parquet", probe=True, workers=workers)
+    failed = frame["error"].notna().sum()
+    if failed:
+        raise SystemExit(f"{failed} probes failed; see benchmarks/results/kss/{name}.parquet")
+    keys = {p.key for p in points}
+    return frame[frame["key"].isin(keys)]
+
+
+def _summary(runs: pd.DataFrame) -> dict[str, Any]:
+    diverged = runs["label"].astype(bool)
+    steps = runs.loc[diverged, "diverged_step"]
+    accuracy = runs.loc[~diverged, "final_accuracy"]
+    ms = 1000 * runs["train_seconds"] / runs["steps_run"]
+    return {
+        "runs": len(runs),
+        "diverged": int(diverged.sum()),
+        "median_diverged_step": float(steps.median()) if len(steps) else None,
+        "final_accuracy": float(accuracy.mean()) if len(accuracy) else None,
+        "ms_per_step": float(ms.median()),
+    }
+
+
+def regime(workers: int) -> list[dict[str, Any]]:
+    points = {(lr, s): _point(lr, s, {}) for lr in REGIME_LRS for s in REGIME_SEEDS}
+    frame = _run(list(points.values()), "regime", workers)
+    rows = []
+    for lr in REGIME_LRS:
+        keys = {points[(lr, s)].key for s in REGIME_SEEDS}
+        rows.append({"lr": lr, **_summary(frame[frame["key"].isin(keys)])})
+    return rows
+
+
+def arms(workers: int, lrs: list[float], seeds: list[int]) -> list[dict[str, Any]]:
+    points = {(arm, lr, s): _point(lr, s, changes) for arm, changes in ARMS.items() for lr in lrs for s in seeds}
+    frame = _run(list(points.values()), "arms", workers)
+    rows = []
+    for arm in ARMS:
+        keys = {points[(arm, lr, s)].key for lr in lrs for s in seeds}
+        rows.append({"arm": arm, **_summary(frame[frame["key"].isin(keys)])})
+    base = rows[0]
+    for row in rows:
+        table = [[row["diverged"], row["runs"] - row["diverged"]], [base["diverged"], base["runs"] - base["diverged"]]]
+        row["fisher_p"] = float(fisher_exact(table)[1])
+        row["time_ratio"] = row["ms_per_step"] / base["ms_per_step"]
+    return rows
+
+
+def markdown(results: dict[str, Any]) -> str:
+    def f(x: float | None, fmt: str) -> str:
+        return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
+
+    lines = []
+    if "regime" in results:
+        lines += ["| lr | diverged | median diverging step | final accuracy (trained runs) | ms per step |"]
+        lines += ["|---|---|---|---|---|"]
+        for r in results["regime"]:
+            lines.append(f"| {r['lr']:g} | {r['diverged']}/{r['runs']} | {f(r['median_diverged_step'], '.0f')} "
+                         f"| {f(r['final_accuracy'], '.3f')} | {r['ms_per_step']:.1f} |")  # fmt: skip
+        lines.append("")
+    if "arms" in results:
+        lines += ["| arm | diverged | Fisher p vs baseline | median diverging step | final accuracy | time/step |"]
+        lines += ["|---|---|---|---|---|---|"]
+        for r in results["arms"]:
+            lines.append(f"| {r['arm']} | {r['diverged']}/{r['runs']} | {r['fisher_p']:.3g} "
+                         f"| {f(r['median_diverged_step'], '.0f')} | {f(r['final_accuracy'], '.3f')} "
+                         f"| {r['time_ratio']:.2f}x |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("part", choices=["regime", "arms"])
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--lrs", default="0.0035,0.004,0.0045", help="arms: lrs (comma-separated)")
+    parser.add_argument("--seeds", type=int, default=8, help="arms: seeds per lr")
+    args = parser.parse_args()
+    results = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
+    if args.part == "regime":
+        results["regime"] = regime(args.workers)
+    else:
+        lrs = [float(x) for x in args.lrs.split(",")]
+        results["arms"] = arms(args.workers, lrs, list(range(args.seeds)))
+        results["arms_setting"] = {"base": REGIME, "lrs": lrs, "seeds": args.seeds}
+    with atomic_path(RESULTS) as tmp:
+        tmp.write_text(json.dumps(results, indent=1))
+    print(markdown(results))
+
+
+if __name__ == "__main__":
+    main()
