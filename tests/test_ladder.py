@@ -88,6 +88,8 @@ def test_edge_law_leaves_censored_proxies_out_and_needs_a_residual_degree_of_fre
     edges = _edges(lambda w, d: 1.0 / w, widths=(16, 32), seeds=(0,))
     with pytest.raises(InputError, match="add a width or a depth"):
         EdgeLaw().fit(edges)
+    with pytest.raises(InputError, match="no probed proxy"):
+        EdgeLaw().fit(pd.DataFrame())
     censored = pd.concat([_edges(lambda w, d: 1.0 / w), pd.DataFrame([{
         "width": 128, "depth": 2, "seed": 0, "lo": None, "hi": 1e-4, "edge": math.nan, "censored": True,
         "nonmonotone": 0}])])  # fmt: skip

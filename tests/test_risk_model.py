@@ -187,6 +187,11 @@ def test_the_shipped_calibration_is_monotone_and_extrapolates_honestly():
     assert result.extrapolated and result.interval is not None and not result.calibrated
     lrs = pd.DataFrame([row] * 40).assign(**{"config.training.lr": np.logspace(-6, 1, 40)})
     assert np.all(np.diff(risk.calibration.model.predict_proba(lrs)[:, 1]) >= 0)
+    # every calibration run trained without z-loss: a run that uses it is outside the calibration
+    assert risk.calibration.fixed_settings["training.z_loss"] == 0.0
+    inside = {**row, "feature.n_layers": 4.0, "feature.d_model": 64.0, "config.training.z_loss": 0.0}
+    flagged = risk.assess({**inside, "config.training.z_loss": 1e-4}).out_of_range
+    assert any("z_loss" in f for f in flagged) and not any("z_loss" in f for f in risk.assess(inside).out_of_range)
 
 
 def test_bad_calibration_files_exit_2(tmp_path):

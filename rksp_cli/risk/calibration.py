@@ -22,7 +22,8 @@ FORMAT = 2  # 2: the monotone model with bootstrap refits (issue 14); 1 was the 
 # Training settings that, when every run shares them, bound the calibration: a config that differs
 # lies outside it.
 FIXED_SETTINGS = ("config.training.optimizer", "config.training.weight_decay", "config.training.grad_clip",
-                  "config.training.batch_size", "config.training.betas", "config.model.n_experts")  # fmt: skip
+                  "config.training.batch_size", "config.training.betas", "config.model.n_experts",
+                  "config.training.z_loss")  # fmt: skip
 
 
 def read_runs(paths: list[Path], label: str = "label") -> pd.DataFrame:

@@ -109,6 +109,8 @@ class EdgeLaw:
 
     def fit(self, edges: pd.DataFrame) -> EdgeLaw:
         """``edges``: the rows of ``proxy_edges``. Censored seeds are dropped; proxies are seed means."""
+        if edges.empty:
+            raise InputError("ladder: no probed proxy to fit; run `rksp ladder` to the end")
         kept = edges[~edges["censored"]].astype({"lo": float, "hi": float, "edge": float})
         self.censored_ = edges[edges["censored"]][["width", "depth", "seed"]].to_dict("records")
         if kept.empty:
