@@ -1,0 +1,66 @@
+"""The re-implemented spike detectors fire exactly where their documented rules say, and not before."""
+
+import math
+
+import numpy as np
+import pytest
+
+from rksp_cli.monitors.spike_detectors import (
+    DETECTORS,
+    FoundryKillLossSpike,
+    LightningSpikeDetection,
+    MegatronSpikyLoss,
+    OlmoSkipStep,
+    first_alarm,
+)
+
+
+def test_lightning_fires_at_a_rise_of_twice_the_running_mean_not_below_and_never_on_improvement():
+    base = [2.0] * 20
+    assert first_alarm(LightningSpikeDetection(), [*base, 5.9]) is None  # |5.9 - 2| < 2 x 2
+    assert first_alarm(LightningSpikeDetection(), [*base, 6.1]) == 20
+    assert first_alarm(LightningSpikeDetection(), [10.0, *base]) is None  # falling is never a spike
+    assert first_alarm(LightningSpikeDetection(), [*base, math.nan]) == 20
+    assert first_alarm(LightningSpikeDetection(), [100.0, 2.0]) is None  # batch 0 is warmup
+
+
+def test_olmo_waits_for_64_values_then_skips_beyond_six_sigma_of_loss_or_gradient():
+    rng = np.random.default_rng(0)
+    noise = list(3.0 + 0.01 * rng.standard_normal(200))
+    sigma = float(np.std(noise[:128], ddof=1))
+    early = [*noise[:40], 100.0]
+    assert first_alarm(OlmoSkipStep(), early) is None  # fewer than 64 values: never skips
+    mean = float(np.mean(noise[:128]))
+    assert first_alarm(OlmoSkipStep(), [*noise[:128], mean + 4 * sigma]) is None
+    assert first_alarm(OlmoSkipStep(), [*noise[:128], mean + 9 * sigma]) == 128
+    grads = [1.0 + 0.01 * g for g in rng.standard_normal(129)]
+    grads[-1] = 5.0
+    assert first_alarm(OlmoSkipStep(), noise[:129], grads) == 128  # the gradient norm alone
+
+
+def test_foundry_needs_a_full_window_and_more_than_patience_consecutive_outliers():
+    flat = [2.0] * 100
+    assert first_alarm(FoundryKillLossSpike(), [*flat, 5.0, 5.0, 5.0, 5.0]) is None  # 4 = patience
+    assert first_alarm(FoundryKillLossSpike(), [*flat, 5.0, 5.0, 5.0, 5.0, 5.0]) == 104
+    assert first_alarm(FoundryKillLossSpike(), [*flat, 5.0, 5.0, 2.0, 5.0, 5.0, 5.0]) is None  # reset
+    assert first_alarm(FoundryKillLossSpike(), [50.0] * 50) is None  # window never full
+    high = first_alarm(FoundryKillLossSpike(), [11.0] * 300)  # persistently above the loss cap
+    assert high == 200
+
+
+def test_megatron_fires_above_ten_times_the_largest_loss_seen_or_on_nan():
+    assert first_alarm(MegatronSpikyLoss(), [3.0, 2.0, 29.0]) is None
+    assert first_alarm(MegatronSpikyLoss(), [3.0, 2.0, 31.0]) == 2
+    assert first_alarm(MegatronSpikyLoss(), [3.0, math.inf]) == 1
+
+
+@pytest.mark.parametrize("detector", DETECTORS, ids=lambda d: d.name)
+def test_no_detector_fires_on_a_smoothly_falling_loss(detector):
+    losses = list(5.0 * np.exp(-np.arange(600) / 200) + 1.0)
+    grads = list(1.0 + 0.05 * np.random.default_rng(1).standard_normal(600))
+    assert first_alarm(detector(), losses, grads) is None
+
+
+def test_olmo_skips_on_a_constant_history_as_its_torch_code_does():
+    """0/0 is NaN in torch and NaN <= 6 is false, so OLMo-core skips a step after a flat window."""
+    assert first_alarm(OlmoSkipStep(), [2.0 + 0.01 * (i % 3) for i in range(64)], [1.0] * 64) == 63
