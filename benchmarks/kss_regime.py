@@ -13,6 +13,10 @@ qk-layernorm; z-loss 1e-4; a 4x longer warmup. Per arm: runs diverged, Fisher's 
 the baseline (two-sided), median diverging step, final accuracy of the runs that trained, and ms
 per training step (the same workers on the same machine; a ratio to the baseline's).
 
+``mechanism``: baseline and KSS (alpha 0.15) at lr 0.004, seeds 0-3, with the screen's spectra
+tracked every 50 steps (``training.track_every``) and KSS's own soft near-unit mass: does KSS move
+the near-unit mass (the paper: 0.85 -> 0.58), and does the movement come before survival?
+
 Every probe runs through the sweep machinery (journals under benchmarks/results/kss/, so a rerun
 resumes). Writes benchmarks/results/kss.json and prints Markdown.
 Run: python benchmarks/kss_regime.py [regime|arms] (make bench-kss-regime)
@@ -113,6 +117,20 @@ def arms(workers: int, lrs: list[float], seeds: list[int]) -> list[dict[str, Any
     return rows
 
 
+def mechanism(workers: int) -> list[dict[str, Any]]:
+    arms = {"baseline": {}, "KSS alpha 0.15": {"training.kss_alpha": 0.15}}
+    points = {(arm, s): _point(0.004, s, {**changes, "training.track_every": 50}) for arm, changes in arms.items()
+              for s in range(4)}  # fmt: skip
+    frame = _run(list(points.values()), "mechanism", workers).set_index("key")
+    rows = []
+    for (arm, seed), point in points.items():
+        run = frame.loc[point.key]
+        track = json.loads(run["trajectory"])
+        rows.append({"arm": arm, "seed": seed, "diverged_step": None if not run["label"] else int(run["diverged_step"]),
+                     "trajectory": track})  # fmt: skip
+    return rows
+
+
 def markdown(results: dict[str, Any]) -> str:
     def f(x: float | None, fmt: str) -> str:
         return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
@@ -125,6 +143,11 @@ def markdown(results: dict[str, Any]) -> str:
             lines.append(f"| {r['lr']:g} | {r['diverged']}/{r['runs']} | {f(r['median_diverged_step'], '.0f')} "
                          f"| {f(r['final_accuracy'], '.3f')} | {r['ms_per_step']:.1f} |")  # fmt: skip
         lines.append("")
+    for r in results.get("mechanism", []):
+        first, last = r["trajectory"][0], r["trajectory"][-1]
+        outcome = "trained" if r["diverged_step"] is None else f"diverged at {r['diverged_step']}"
+        lines.append(f"{r['arm']}, seed {r['seed']}: M≈1 {first['near_unit_mass_mean']:.2f} -> "
+                     f"{last['near_unit_mass_mean']:.2f} by step {last['step']:.0f}; {outcome}")  # fmt: skip
     if "arms" in results:
         lines += ["| arm | diverged | Fisher p vs baseline | median diverging step | final accuracy | time/step |"]
         lines += ["|---|---|---|---|---|---|"]
@@ -137,7 +160,7 @@ def markdown(results: dict[str, Any]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("part", choices=["regime", "arms"])
+    parser.add_argument("part", choices=["regime", "arms", "mechanism"])
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--lrs", default="0.0035,0.004,0.0045", help="arms: lrs (comma-separated)")
     parser.add_argument("--seeds", type=int, default=8, help="arms: seeds per lr")
@@ -145,6 +168,8 @@ def main() -> None:
     results = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
     if args.part == "regime":
         results["regime"] = regime(args.workers)
+    elif args.part == "mechanism":
+        results["mechanism"] = mechanism(args.workers)
     else:
         lrs = [float(x) for x in args.lrs.split(",")]
         results["arms"] = arms(args.workers, lrs, list(range(args.seeds)))

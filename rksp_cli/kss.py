@@ -70,6 +70,8 @@ class KoopmanSpectralShaping:
         self.generator = torch.Generator().manual_seed(seed)
         self.applied = 0  # on-schedule steps that returned a penalty
         self.skipped = 0  # layer penalties dropped as non-finite
+        self.last_soft_mass: float | None = None  # m_soft averaged over the last application's layers
+        self._soft_masses: list[float] = []
         self._states: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._handles = [b.register_forward_hook(self._hook(i), with_kwargs=True) for i, b in enumerate(self.blocks)]
 
@@ -96,11 +98,13 @@ class KoopmanSpectralShaping:
         indices = sorted(states)
         k = max(1, round(self.fraction * len(indices)))
         chosen = [indices[i] for i in torch.randperm(len(indices), generator=self.generator)[:k].tolist()]
+        self._soft_masses: list[float] = []
         terms = [self.layer_penalty(*states[i]) for i in chosen]
         terms = [t for t in terms if t is not None]
         if not terms:
             return torch.zeros(())
         self.applied += 1
+        self.last_soft_mass = sum(self._soft_masses) / len(self._soft_masses)
         return self.alpha * torch.stack(terms).mean()
 
     def layer_penalty(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
@@ -114,6 +118,7 @@ class KoopmanSpectralShaping:
         if not torch.isfinite(penalty):
             self.skipped += 1
             return None
+        self._soft_masses.append(float(m_soft.detach()))
         return penalty.to(x.dtype)
 
     def eigenvalues(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -22,6 +22,7 @@ the init-time features and the outcome of training exactly that init.
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 import time
@@ -34,13 +35,16 @@ import torch
 from rksp_cli.budget import Budget, ModelShape, screen_cost
 from rksp_cli.errors import InputError, UnassessableError
 from rksp_cli.kss import KoopmanSpectralShaping
-from rksp_cli.models import build_subject
+from rksp_cli.models import Subject, build_subject
+from rksp_cli.risk import RuleBasedRisk
 from rksp_cli.screen import ScreenResult, screen_row, screen_subject
 from rksp_cli.spec import ScreenSpec
 from rksp_cli.tasks import IGNORE, Task, make_task
 
 EVAL_BATCH, EVAL_SEED = 256, 2**31 - 1  # the held-out batch of the final accuracy
 SENSITIVITY_BATCH, SENSITIVITY_STEP = 16, 1e-3  # update_sensitivity: a small step keeps it linear
+TRACKED = ("near_unit_mass_mean", "expansive_mass_mean", "spectral_radius_mean", "eta_nl_mean")
+_NO_RISK = RuleBasedRisk()  # tracking reads the spectra; the risk of a half-trained model means nothing
 TAIL_STEPS = 20  # the stall label compares the mean loss of the last steps with the first loss
 BASELINE_STEP = 100  # "gradient norm at step 100" in the paper's Table 2
 SPIKE_WINDOW, SPIKE_FACTOR = 20, 1.5
@@ -62,6 +66,7 @@ class ProbeResult:
     screen_error: str | None = None
     baselines: dict[str, float] = field(default_factory=dict)
     accuracy: float = math.nan  # final next-token accuracy on a held-out batch; NaN for a diverged run
+    trajectory: list[dict[str, float]] = field(default_factory=list)  # training.track_every: spectra over steps
 
     def row(self) -> dict[str, Any]:
         """A flat record: config.*, feature.*, baseline.*, the label and its provenance."""
@@ -78,6 +83,7 @@ class ProbeResult:
             steps_run=len(self.losses),
             final_loss=self.losses[-1] if self.losses else math.nan,
             final_accuracy=self.accuracy,
+            trajectory=json.dumps(self.trajectory) if self.trajectory else None,
             label_reason=self.reason,
             screen_error=self.screen_error,
             probe_seconds=self.seconds,
@@ -122,7 +128,10 @@ def probe(spec: ScreenSpec, on_step: StepCallback | None = None, budget: Budget 
     losses: list[float] = []
     grads: list[float] = []
     diverged_step, reason = None, f"no divergence in {train.steps} steps"
+    trajectory: list[dict[str, float]] = []
     for step in range(train.steps):
+        if train.track_every and step % train.track_every == 0 and screen is not None:
+            trajectory.append(_spectra_now(subject, spec, screen, step, kss))
         inputs, targets = task.batch(train.batch_size, gen)
         logits, loss = model(inputs, targets)
         objective = loss  # the label reads the task loss alone; the objective adds what the run adds
@@ -160,7 +169,20 @@ def probe(spec: ScreenSpec, on_step: StepCallback | None = None, budget: Budget 
         screen_error=screen_error,
         baselines=baselines(losses, grads) | {"update_sensitivity": sensitivity},
         accuracy=accuracy,
+        trajectory=trajectory,
     )
+
+
+def _spectra_now(
+    subject: Subject, spec: ScreenSpec, init: ScreenResult, step: int, kss: KoopmanSpectralShaping | None
+) -> dict[str, float]:
+    """The screen's layer-mean spectra of the model as it is at ``step`` (same token sample as the
+    init screen), and the KSS penalty's own soft near-unit mass when KSS is on."""
+    features = init.features if step == 0 else screen_subject(subject, spec, _NO_RISK).features
+    point = {"step": float(step), **{name: features[name] for name in TRACKED}}
+    if kss is not None and kss.last_soft_mass is not None:
+        point["kss_soft_mass"] = kss.last_soft_mass
+    return point
 
 
 def update_sensitivity(model: torch.nn.Module, task: Task, seed: int, step: float = SENSITIVITY_STEP) -> float:

@@ -38,7 +38,7 @@ _GPT_ONLY = ("norm", "d_model", "n_layers", "n_heads", "vocab_size", "mlp_ratio"
 
 # Fields added after sweep journals existed, with the value a config had before them: at that
 # value (or unset) they stay out of the key, so an older journal's rows still resume.
-ADDED_LATER = {("model", "qk_norm"): False, ("training", "z_loss"): 0.0}
+ADDED_LATER = {("model", "qk_norm"): False, ("training", "z_loss"): 0.0, ("training", "track_every"): 0}
 
 
 def _rank(value: Any) -> Any:
@@ -120,6 +120,7 @@ class TrainingSpec(_Section):
     kss_alpha: Annotated[float, Field(ge=0)] = 0.0  # rksp probe: Koopman Spectral Shaping weight; 0 = off
     kss_every: Annotated[int, Field(ge=1)] = 10  # rksp probe: KSS interval in steps
     z_loss: Annotated[float, Field(ge=0)] = 0.0  # rksp probe: PaLM's z-loss weight on log(Z)^2 (1e-4 there); 0 = off
+    track_every: Annotated[int, Field(ge=0)] = 0  # rksp probe: screen the spectra every N steps of training; 0 = off
 
     @field_validator("task")
     @classmethod

@@ -145,3 +145,17 @@ def test_update_sensitivity_restores_the_weights_and_grows_with_the_init_scale()
         assert all(torch.equal(a, b) for a, b in zip(before, subject.module.parameters(), strict=True))
         assert all(p.grad is None for p in subject.module.parameters())
     assert 0 < values[0] < values[1] and all(math.isfinite(v) for v in values)
+
+
+@pytest.mark.parametrize("kss", [0.0, 0.15])
+def test_tracking_the_spectra_reads_the_model_without_changing_its_training(kss):
+    training = {"lr": 3e-3, "steps": 21, "kss_alpha": kss}
+    plain = probe(_spec(model={"norm": "none"}, training=training))
+    tracked = probe(_spec(model={"norm": "none"}, training={**training, "track_every": 10}))
+    assert tracked.losses == plain.losses  # bitwise: the screens draw their own tokens, without gradients
+    assert [p["step"] for p in tracked.trajectory] == [0, 10, 20]
+    assert tracked.trajectory[0]["near_unit_mass_mean"] == tracked.screen.features["near_unit_mass_mean"]
+    assert ("kss_soft_mass" in tracked.trajectory[-1]) == bool(kss)
+    assert plain.row()["trajectory"] is None
+    off = _spec(model={"norm": "none"}, training={**training, "track_every": 0})
+    assert off.key() == plain.spec.key()  # off, the field stays out of the key (older journals resume)
