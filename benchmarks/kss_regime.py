@@ -65,7 +65,7 @@ def _point(lr: float, seed: int, changes: dict[str, Any]) -> Point:
     for name, value in changes.items():
         set_field(raw, name, value)
     spec = spec_from_dict(raw, source="kss benchmark")
-    return Point(spec.key(), spec.resolved())
+    return Point.of(spec)
 
 
 def _run(points: list[Point], name: str, workers: int) -> pd.DataFrame:

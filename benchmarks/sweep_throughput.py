@@ -27,7 +27,7 @@ def points(n: int = 40) -> list[Point]:
     out = []
     for i in range(n):
         spec = spec_from_dict({"model": {"norm": ["pre", "none"][i % 2]}, "training": {"lr": 1e-4 * (1 + i)}})
-        out.append(Point(spec.key(), spec.resolved()))
+        out.append(Point.of(spec))
     return out
 
 

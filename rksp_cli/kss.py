@@ -98,7 +98,7 @@ class KoopmanSpectralShaping:
         indices = sorted(states)
         k = max(1, round(self.fraction * len(indices)))
         chosen = [indices[i] for i in torch.randperm(len(indices), generator=self.generator)[:k].tolist()]
-        self._soft_masses: list[float] = []
+        self._soft_masses = []
         terms = [self.layer_penalty(*states[i]) for i in chosen]
         terms = [t for t in terms if t is not None]
         if not terms:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -63,8 +63,7 @@ class Target:
 
     def family(self) -> dict[str, Any]:
         """The config columns every proxy shares: what a ladder file must match to serve this target."""
-        flat = flatten(self.base, "config")
-        return {k: v for k, v in flat.items() if k not in SCALED and not k.startswith("config.probe.")}
+        return {k: v for k, v in flatten(self.base, "config").items() if _in_family(k)}
 
 
 def target_of(spec: ScreenSpec, overrides: list[str] | None = None) -> Target:
@@ -132,7 +131,7 @@ def proxy_point(target: Target, width: int, depth: int, lr: float, seed: int) ->
     raw["training"]["lr"] = lr
     raw["probe"]["seed"] = seed
     spec = spec_from_dict(raw, source=f"ladder proxy (width {width}, depth {depth}, lr {lr:g})")
-    return Point(spec.key(), spec.resolved())
+    return Point.of(spec)
 
 
 @dataclass(frozen=True)
@@ -245,7 +244,12 @@ def read_ladder(path: Path) -> pd.DataFrame:
 
 
 def family_columns(frame: pd.DataFrame) -> list[str]:
-    return [c for c in frame if c.startswith("config.") and c not in SCALED and not c.startswith("config.probe.")]
+    return [c for c in frame if _in_family(c)]
+
+
+def _in_family(column: str) -> bool:
+    """A config column every proxy of one ladder shares: not scaled per proxy, not the screen's sampling."""
+    return column.startswith("config.") and column not in SCALED and not column.startswith("config.probe.")
 
 
 def ladder_target(path: Path, frame: pd.DataFrame, spec: ScreenSpec) -> Target:
@@ -308,5 +312,5 @@ def fit_ladder(frame: pd.DataFrame, target: Target) -> LadderFit:
     law = EdgeLaw().fit(edges)
     prediction = law.predict(target.width, target.depth)
     notes = list(target.notes) + prediction.notes
-    prediction = EdgePrediction(**{**prediction.__dict__, "notes": notes})
+    prediction = replace(prediction, notes=notes)
     return LadderFit(edges=edges, law=law, prediction=prediction)

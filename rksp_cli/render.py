@@ -465,8 +465,8 @@ def render_ladder(fit: LadderFit, lr: float | None, console: Console) -> None:
         table.add_column(column, justify="right")
     for row in fit.edges.itertuples():
         table.add_row(
-            str(row.width), str(row.depth), str(row.seed), _lr(row.lo), _lr(row.hi),
-            "outside the range" if row.censored else _lr(row.edge), str(row.probes),
+            str(row.width), str(row.depth), str(row.seed), fmt(row.lo), fmt(row.hi),
+            "outside the range" if row.censored else fmt(row.edge), str(row.probes),
         )  # fmt: skip
     console.print(table)
     law = " · ".join(f"{axis}^{power:+.2f}" for axis, power in fit.law.exponents.items()) or "constant"
@@ -494,7 +494,3 @@ def _ladder_prediction(fit: LadderFit, lr: float | None) -> str:
 def _lr_line(fit: LadderFit, lr: float) -> str:
     p = fit.prediction
     return f"training.lr {lr:g} is {lr / p.edge:.2g}x that edge; P(edge below it) {format_risk(p.p_above_edge(lr))}"
-
-
-def _lr(value: float | None) -> str:
-    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.3g}"

@@ -37,7 +37,7 @@ import yaml
 
 from rksp_cli.errors import InputError
 from rksp_cli.files import atomic_path
-from rksp_cli.spec import ADDED_LATER, load_spec, set_field, spec_from_dict
+from rksp_cli.spec import ADDED_LATER, ScreenSpec, load_spec, set_field, spec_from_dict
 
 Progress = Callable[[int, int, int], None]  # (done, total, failed)
 
@@ -50,6 +50,11 @@ MAX_POINTS = 100_000
 class Point:
     key: str
     config: dict[str, Any]  # a full raw config: base plus this point's values
+
+    @classmethod
+    def of(cls, spec: ScreenSpec) -> Point:
+        """The point of a validated config: its run key and its resolved config."""
+        return cls(spec.key(), spec.resolved())
 
 
 def load_grid(path: str | Path) -> list[Point]:
@@ -108,7 +113,7 @@ def load_grid(path: str | Path) -> list[Point]:
             raw["probe"]["seed"] = seed
             where = f"{path} (point {', '.join(f'{k}={v}' for k, v in chosen.items())})"
             spec = spec_from_dict(raw, source=where)
-            points.append(Point(spec.key(), spec.resolved()))
+            points.append(Point.of(spec))
     return list({p.key: p for p in points}.values())  # identical points run once
 
 

@@ -26,6 +26,13 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
+from typing import Protocol
+
+
+class Detector(Protocol):
+    name: str
+
+    def update(self, loss: float, grad_norm: float | None = None) -> bool: ...
 
 
 class LightningSpikeDetection:
@@ -122,9 +129,9 @@ class MegatronSpikyLoss:
 DETECTORS = (LightningSpikeDetection, OlmoSkipStep, FoundryKillLossSpike, MegatronSpikyLoss)
 
 
-def first_alarm(detector: object, losses: list[float], grad_norms: list[float] | None = None) -> int | None:
+def first_alarm(detector: Detector, losses: list[float], grad_norms: list[float] | None = None) -> int | None:
     """The first step at which ``detector`` fires on a recorded run, or None."""
     for step, loss in enumerate(losses):
-        if detector.update(loss, grad_norms[step] if grad_norms else None):  # type: ignore[attr-defined]
+        if detector.update(loss, grad_norms[step] if grad_norms else None):
             return step
     return None

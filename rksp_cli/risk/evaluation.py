@@ -42,10 +42,9 @@ def auroc(y: np.ndarray, score: np.ndarray) -> float:
 
 def group_bootstrap_ci(
     y: np.ndarray, score: np.ndarray, groups: np.ndarray, n: int = BOOTSTRAP_CI, seed: int = 0,
-    statistic: Callable[[np.ndarray, np.ndarray], float] | None = None,
+    statistic: Callable[[np.ndarray, np.ndarray], float] = auroc,
 ) -> tuple[float, float]:  # fmt: skip
     """95% percentile interval of a statistic (default the AUROC) with whole groups resampled."""
-    statistic = statistic or auroc
     rng = np.random.default_rng(seed)
     members = [np.flatnonzero(groups == g) for g in np.unique(groups)]
     if not members:
