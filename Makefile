@@ -11,7 +11,7 @@ TORCH  := torch==2.13.0
 STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 SCREEN ?= screens/gpt-small-noln.yaml
 
-.PHONY: install screen test lint format clean bench-norms bench-sweep bench-dmd bench-scale bench-kss bench-kss-regime bench-faults bench-stability bench-known-spectrum bench-ladder bench-published calibration horizon rescreen refit
+.PHONY: install screen test lint format clean bench-norms bench-sweep bench-dmd bench-scale bench-kss bench-kss-regime bench-faults bench-monitors bench-stability bench-known-spectrum bench-ladder bench-published calibration horizon rescreen refit
 
 install: $(STAMP)
 
@@ -64,6 +64,12 @@ bench-kss-regime: install
 
 bench-faults: install
 	$(BIN)/python benchmarks/faults.py
+
+# Issue 16: the monitors and four spike detectors on natural slow failures and their controls
+# (6 seeds each, 3000 steps), then each guard policy on the same runs: about 8 minutes per failure
+# and policy on 2 cores, resumable (runs under benchmarks/results/monitors/).
+bench-monitors: install
+	$(BIN)/python benchmarks/monitors.py
 
 # Issue 13's measurement bars: the same model screened with other token samples and sizes (~1.5 min).
 bench-stability: install

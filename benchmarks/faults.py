@@ -15,7 +15,7 @@ import sys
 
 import torch
 
-from rksp_cli.faults import FAULTS, FaultJob, run_fault
+from rksp_cli.monitors.faults import FAULTS, FaultJob, run_fault
 
 SEEDS = (0, 1, 2)  # the thresholds were set on these; pass other seeds to check them held out
 

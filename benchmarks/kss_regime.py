@@ -9,9 +9,10 @@ arms use is the one where the baseline diverges in 40-80% of runs after warmup. 
 
 ``arms``: at least 24 runs per arm (lrs x seeds) in that setting: the baseline; KSS as published
 (alpha 0.10 / 0.15 / 0.20, every 10 steps on half the layers); gradient clipping 0.5 / 1.0;
-qk-layernorm; z-loss 1e-4; a 4x longer warmup. Per arm: runs diverged, Fisher's exact p against
-the baseline (two-sided), median diverging step, final accuracy of the runs that trained, and ms
-per training step (the same workers on the same machine; a ratio to the baseline's).
+qk-layernorm; z-loss 1e-4; a 4x longer warmup; sigmaReparam on every linear weight. Per arm:
+runs diverged, Fisher's exact p against the baseline (two-sided), median diverging step, final
+accuracy of the runs that trained, and ms per training step (the same workers on the same
+machine; a ratio to the baseline's).
 
 ``mechanism``: baseline and KSS (alpha 0.15) at lr 0.004, seeds 0-3, with the screen's spectra
 tracked every 50 steps (``training.track_every``) and KSS's own soft near-unit mass: does KSS move
@@ -55,6 +56,7 @@ ARMS: dict[str, dict[str, Any]] = {
     "qk-layernorm": {"model.qk_norm": True},
     "z-loss 1e-4": {"training.z_loss": 1e-4},
     "warmup x4": {"training.warmup_steps": 400},
+    "sigmaReparam": {"model.sigma_reparam": True},
 }
 
 

@@ -443,7 +443,7 @@ def faults(
     from dataclasses import replace
 
     from rksp_cli import render
-    from rksp_cli.faults import FAULTS, FaultJob, run_fault
+    from rksp_cli.monitors.faults import FAULTS, FaultJob, run_fault
 
     _use_threads(ctx, 1)
     chosen = fault or list(FAULTS)

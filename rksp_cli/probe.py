@@ -28,7 +28,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -52,6 +52,21 @@ SPIKE_WINDOW, SPIKE_FACTOR = 20, 1.5
 StepCallback = Callable[[int, float, float], None]  # (step, loss, grad norm)
 
 
+class Watch(Protocol):
+    """What can watch a probe's training from inside the loop: ``rksp_cli.monitors.Monitor`` and
+    ``rksp_cli.monitors.guard.Guard`` do. A watch with ``skip_update`` true after ``step`` skips
+    that step's optimizer update (the schedule still advances)."""
+
+    def step(self, step: int, loss: torch.Tensor) -> list[Any]:
+        """Called after backward, before clipping; returns this step's alerts."""
+        ...
+
+    def remove(self) -> None: ...
+
+
+WatchFactory = Callable[[torch.nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler], Watch]
+
+
 @dataclass
 class ProbeResult:
     spec: ScreenSpec
@@ -67,6 +82,7 @@ class ProbeResult:
     baselines: dict[str, float] = field(default_factory=dict)
     accuracy: float = math.nan  # final next-token accuracy on a held-out batch; NaN for a diverged run
     trajectory: list[dict[str, float]] = field(default_factory=list)  # training.track_every: spectra over steps
+    alerts: list[Any] = field(default_factory=list)  # what ``watch`` raised, in step order
 
     def row(self) -> dict[str, Any]:
         """A flat record: config.*, feature.*, baseline.*, the label and its provenance."""
@@ -92,10 +108,18 @@ class ProbeResult:
         return row
 
 
-def probe(spec: ScreenSpec, on_step: StepCallback | None = None, budget: Budget | None = None) -> ProbeResult:
+def probe(
+    spec: ScreenSpec,
+    on_step: StepCallback | None = None,
+    budget: Budget | None = None,
+    watch: WatchFactory | None = None,
+) -> ProbeResult:
     """Screen the initialised model, then train it for ``training.steps`` steps and label the run.
 
     ``budget`` (default: the machine's available memory) refuses a model that cannot fit before it is built.
+    ``watch`` builds, from the initialised model, its optimizer and lr schedule, something that sees
+    every step after backward (before clipping), e.g. ``lambda model, *_: Monitor(model, every=10)``;
+    its alerts land in ``alerts``.
     """
     if spec.model.arch != "gpt":
         raise InputError("rksp probe trains the built-in gpt (model.arch: gpt); transformers models are screened only")
@@ -123,6 +147,8 @@ def probe(spec: ScreenSpec, on_step: StepCallback | None = None, budget: Budget 
     kss = None
     if train.kss_alpha:
         kss = KoopmanSpectralShaping(subject.blocks, alpha=train.kss_alpha, every=train.kss_every, seed=spec.probe.seed)
+    watcher = watch(model, optimizer, schedule) if watch is not None else None
+    alerts: list[Any] = []
     model.train()
     t_train = time.perf_counter()
     losses: list[float] = []
@@ -141,6 +167,8 @@ def probe(spec: ScreenSpec, on_step: StepCallback | None = None, budget: Budget 
             objective = objective + kss(step)
         optimizer.zero_grad(set_to_none=True)
         objective.backward()
+        if watcher is not None:
+            alerts += watcher.step(step, loss)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), train.grad_clip or math.inf))
         loss_value = float(loss.detach())
         losses.append(loss_value)
@@ -151,10 +179,12 @@ def probe(spec: ScreenSpec, on_step: StepCallback | None = None, budget: Budget 
         if why:
             diverged_step, reason = step, f"{why} at step {step}"
             break
-        optimizer.step()
+        if not getattr(watcher, "skip_update", False):
+            optimizer.step()
         schedule.step()
-    if kss is not None:
-        kss.remove()
+    for hooked in (kss, watcher):
+        if hooked is not None:
+            hooked.remove()
     accuracy = math.nan if diverged_step is not None else task_accuracy(model, task)
     return ProbeResult(
         spec=spec,
@@ -170,6 +200,7 @@ def probe(spec: ScreenSpec, on_step: StepCallback | None = None, budget: Budget 
         baselines=baselines(losses, grads) | {"update_sensitivity": sensitivity},
         accuracy=accuracy,
         trajectory=trajectory,
+        alerts=alerts,
     )
 
 

@@ -15,11 +15,12 @@ from rich.table import Table
 from rich.text import Text
 
 from rksp_cli.compare import Change, Comparison
-from rksp_cli.faults import FaultRun
 from rksp_cli.ladder import LadderFit, Search, Target
+from rksp_cli.monitors.faults import FaultRun
 from rksp_cli.probe import BASELINE_STEP, ProbeResult
 from rksp_cli.report import sweep_axes
 from rksp_cli.risk import RiskAssessment, format_risk
+from rksp_cli.risk.evaluation import BOOTSTRAP_CI
 from rksp_cli.screen import ScreenResult
 from rksp_cli.serialize import dumps
 from rksp_cli.watch import HEADLINES, MetricsLog
@@ -275,6 +276,14 @@ def calibration_markdown(report: dict, sources: list[Path]) -> str:
     for name, m in report["validations"].items():
         what = m.get("split", VALIDATIONS.get(name, ""))
         lines.append(f"| {name} | {what} | {m['n']} | " + " | ".join(_metric_cells(m)) + " |")
+    floors = [
+        f"{name} {m['ece_if_calibrated'][0]:.3f} (95th percentile {m['ece_if_calibrated'][1]:.3f})"
+        for name, m in report["validations"].items()
+        if m.get("ece_if_calibrated")
+    ]
+    if floors:
+        lines += ["", "ECE that a perfectly calibrated model would score with the same predictions (labels drawn "
+                  f"from them; median over {BOOTSTRAP_CI} draws): " + "; ".join(floors) + "."]  # fmt: skip
     for name in ("leave-architecture-out", "leave-norm-family-out"):
         if by_family := report["validations"].get(name, {}).get("auroc_by_family"):
             cells = ", ".join(f"{f or '?'} {fmt(a)}" for f, a in by_family.items())

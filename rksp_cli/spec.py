@@ -34,11 +34,16 @@ SPEC_SUFFIXES = (".yaml", ".yml")
 # Fields of ``model`` that describe the built-in GPT; a transformers config or checkpoint
 # carries its own architecture, so setting one of these beside it is a contradiction.
 _GPT_ONLY = ("norm", "d_model", "n_layers", "n_heads", "vocab_size", "mlp_ratio", "zero_init_residual", "n_experts",
-             "qk_norm")  # fmt: skip
+             "qk_norm", "sigma_reparam")  # fmt: skip
 
 # Fields added after sweep journals existed, with the value a config had before them: at that
 # value (or unset) they stay out of the key, so an older journal's rows still resume.
-ADDED_LATER = {("model", "qk_norm"): False, ("training", "z_loss"): 0.0, ("training", "track_every"): 0}
+ADDED_LATER = {
+    ("model", "qk_norm"): False,
+    ("model", "sigma_reparam"): False,
+    ("training", "z_loss"): 0.0,
+    ("training", "track_every"): 0,
+}
 
 
 def _rank(value: Any) -> Any:
@@ -71,6 +76,7 @@ class ModelSpec(_Section):
     zero_init_residual: bool | None = None
     n_experts: Annotated[int, Field(ge=0)] | None = None
     qk_norm: bool | None = None
+    sigma_reparam: bool | None = None
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSpec:

@@ -72,6 +72,27 @@ def test_capture_on_transformers_skips_the_final_norm_that_hidden_states_applies
         assert torch.equal(model.ln_f(states[-1].float()).double(), hidden[-1])
 
 
+def test_sigma_reparam_starts_as_the_plain_init_and_holds_each_spectral_norm_at_gamma():
+    torch.manual_seed(0)
+    plain = GPT(GPTConfig(n_layers=2))
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layers=2, sigma_reparam=True))
+    ids = torch.randint(0, 103, (2, 16))
+    # one power-iteration step from the exact singular vector: equal to float32 round-off
+    assert torch.allclose(model(ids)[0], plain(ids)[0], rtol=0, atol=1e-5)
+    qkv = model.blocks[0].attn.qkv
+    gamma = qkv.parametrizations.weight[0].gamma
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for _ in range(20):
+        loss = model(ids, ids)[1]
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    sigma = torch.linalg.matrix_norm(qkv.weight.detach(), 2)  # power iteration tracks it step by step
+    assert float(sigma) == pytest.approx(float(gamma), rel=0.05)
+    assert gamma.grad is not None and float(loss) < float(plain(ids, ids)[1])
+
+
 def test_qk_norm_normalises_each_heads_queries_and_keys_and_leaves_values_alone():
     torch.manual_seed(0)
     model = GPT(GPTConfig(d_model=64, n_heads=4, n_layers=1, qk_norm=True))

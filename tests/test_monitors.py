@@ -10,10 +10,10 @@ from torch import nn
 from typer.testing import CliRunner
 
 from rksp_cli.cli import app
-from rksp_cli.faults import FaultJob, run_fault
 from rksp_cli.models.gpt import GPT, GPTConfig
 from rksp_cli.monitors import Monitor
 from rksp_cli.monitors.attention_entropy import AttentionSpectralEntropy, delta2_entropy, find_attention
+from rksp_cli.monitors.faults import FaultJob, run_fault
 from rksp_cli.monitors.r_metric import RMetric
 from rksp_cli.monitors.router import router_stats
 from rksp_cli.monitors.spectral_alignment import SpectralAlignment, sign_entropy
@@ -110,17 +110,18 @@ def test_published_r_metric_false_alarms_on_a_falling_loss_and_the_robust_one_do
     assert alerts["published"] > 0 and alerts["robust"] == 0
 
 
+GPT_MONITORS = ["spectral_alignment", "attention_entropy", "attention_logits", "output_logits"]
+HF_MONITORS = ["spectral_alignment", "attention_entropy", "attention_logits"]  # AutoModel: no vocabulary head
+
+
 @pytest.mark.parametrize(
     ("make", "expected"),
     [
-        (lambda: GPT(GPTConfig(n_layers=2)), ["spectral_alignment", "attention_entropy", "r_metric"]),
-        (
-            lambda: GPT(GPTConfig(n_layers=2, n_experts=4)),
-            ["spectral_alignment", "attention_entropy", "router", "r_metric"],
-        ),
-        ("llama", ["spectral_alignment", "attention_entropy", "r_metric"]),
-        ("mixtral", ["spectral_alignment", "attention_entropy", "router", "r_metric"]),
-        ("gpt2", ["spectral_alignment", "attention_entropy", "r_metric"]),  # Conv1D projections
+        (lambda: GPT(GPTConfig(n_layers=2)), [*GPT_MONITORS, "r_metric"]),
+        (lambda: GPT(GPTConfig(n_layers=2, n_experts=4)), [*GPT_MONITORS, "router", "r_metric"]),
+        ("llama", [*HF_MONITORS, "r_metric"]),
+        ("mixtral", [*HF_MONITORS, "router", "r_metric"]),
+        ("gpt2", [*HF_MONITORS, "r_metric"]),  # Conv1D projections
     ],
 )
 def test_monitor_picks_the_monitors_that_apply(make, expected):
@@ -202,7 +203,7 @@ def test_faults_cli_reports_every_monitor_of_the_clean_and_faulted_runs():
     assert result.exit_code == 0, result.output
     rows = json.loads(result.stdout)
     assert {(r["fault"], r["monitor"]) for r in rows} == {
-        (f, m) for f in ("clean", "lr_jump") for m in ("spectral_alignment", "attention_entropy", "router", "r_metric")
+        (f, m) for f in ("clean", "lr_jump") for m in (*GPT_MONITORS, "router", "r_metric")
     }
     assert all(r["loss_departs"] is None for r in rows if r["fault"] == "clean")
 
@@ -244,7 +245,7 @@ def test_trainer_callback_logs_monitor_metrics(tmp_path):
     assert [c["step"] for c in checks] == [0, 2] and all(math.isfinite(c["loss"]) for c in checks)
     logged = [entry for entry in reporter.seen if "loss" in entry]
     assert logged and all("rksp/r_metric" in entry for entry in logged)
-    assert callback.monitor.names == ["spectral_alignment", "attention_entropy", "r_metric"]
+    assert callback.monitor.names == [*GPT_MONITORS, "r_metric"]  # a causal LM: its vocabulary head is found
 
 
 def test_metrics_reach_tensorboard_and_an_active_wandb_run(monkeypatch):

@@ -16,7 +16,9 @@ same model. Six residual-stream normalisations:
 
 ``n_experts`` > 0 replaces every MLP with a top-2 mixture of experts (for the MoE router monitor).
 ``qk_norm`` adds a LayerNorm on each head's queries and keys (Dehghani et al. 2023; Wortsman et
-al. 2023), the usual fix for attention-logit growth at high learning rates.
+al. 2023), the usual fix for attention-logit growth at high learning rates. ``sigma_reparam``
+reparametrises every linear weight as gamma W / sigma(W) (Zhai et al. 2023, the fix for
+attention entropy collapse), after the init below.
 
 Init: every weight matrix and embedding N(0, init_std^2) (times the per-norm factors above),
 biases zero, norm gains one. With ``zero_init_residual`` the output projection of every residual
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.utils import parametrize
 
 NORMS = ("pre", "post", "rms", "none", "deepnorm", "subln")
 
@@ -48,6 +51,7 @@ class GPTConfig:
     zero_init_residual: bool = False
     n_experts: int = 0  # > 0: every MLP becomes a top-2 mixture of this many experts
     qk_norm: bool = False  # LayerNorm on each head's queries and keys
+    sigma_reparam: bool = False  # every linear weight W -> gamma W / sigma(W) (SigmaReparam)
 
     @property
     def post_norm(self) -> bool:
@@ -60,6 +64,28 @@ def _norm(cfg: GPTConfig) -> nn.Module:
     if cfg.norm == "rms":
         return nn.RMSNorm(cfg.d_model, eps=1e-5)
     return nn.LayerNorm(cfg.d_model, eps=1e-5)
+
+
+class SigmaReparam(nn.Module):
+    """sigmaReparam (Zhai et al. 2023, arXiv 2303.06296), as apple/ml-sigma-reparam has it: W ->
+    gamma W / sigma(W), sigma(W) from one power-iteration step per training forward (the vector kept
+    between steps, gradients through sigma), gamma learnable and initialised to sigma(W) by SVD, so
+    the layer starts exactly as initialised. A ``torch.nn.utils.parametrize`` parametrisation."""
+
+    def __init__(self, weight: torch.Tensor):
+        super().__init__()
+        with torch.no_grad():
+            _, s, vh = torch.linalg.svd(weight.float(), full_matrices=False)
+        self.register_buffer("u", vh[0].to(weight.dtype))
+        self.gamma = nn.Parameter(s[:1].to(weight.dtype))
+
+    def forward(self, weight: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            v = F.normalize(weight @ self.u, dim=0)
+            u = F.normalize(weight.T @ v, dim=0)
+            if self.training:
+                self.u.copy_(u)
+        return self.gamma * weight / torch.einsum("c,cd,d->", v, weight, u)
 
 
 class CausalSelfAttention(nn.Module):
@@ -153,6 +179,10 @@ class GPT(nn.Module):
         self.final_norm = _norm(cfg)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.reset_parameters()
+        if cfg.sigma_reparam:
+            for module in list(self.modules()):
+                if isinstance(module, nn.Linear):
+                    parametrize.register_parametrization(module, "weight", SigmaReparam(module.weight))
 
     @torch.no_grad()
     def reset_parameters(self) -> None:

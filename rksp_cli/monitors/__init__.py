@@ -9,8 +9,9 @@
         optimizer.step(); optimizer.zero_grad()
 
 ``Monitor`` picks the monitors that apply to the model: spectral alignment (every model with
-linear layers in its blocks), attention spectral entropy (when W_Q / W_K are found), MoE router
-health (when routers are found) and the R-Metric. Each lives in its own module with its signal,
+linear layers in its blocks), attention spectral entropy and attention-logit growth (when W_Q /
+W_K are found), output-logit drift (when the vocabulary head is found), MoE router health (when
+routers are found) and the R-Metric. Each lives in its own module with its signal,
 threshold and cost documented. Between checks ``step`` only records the step time (for the
 straggler count) and arms the input hooks for the next check, so the cost is paid on check steps.
 """
@@ -27,15 +28,29 @@ import torch
 from torch import nn
 
 from rksp_cli.monitors.attention_entropy import AttentionSpectralEntropy, find_attention
+from rksp_cli.monitors.attention_logits import AttentionLogits
 from rksp_cli.monitors.base import Alert, Check
+from rksp_cli.monitors.output_logits import OutputLogits, find_output_head
 from rksp_cli.monitors.r_metric import RMetric
 from rksp_cli.monitors.router import RouterHealth, find_routers
 from rksp_cli.monitors.spectral_alignment import SpectralAlignment
 from rksp_cli.serialize import dumps
 
-MONITORS = ("spectral_alignment", "attention_entropy", "router", "r_metric")
+MONITORS = ("spectral_alignment", "attention_entropy", "attention_logits", "output_logits", "router", "r_metric")
 
 __all__ = ["MONITORS", "Alert", "Monitor"]
+
+
+def core_model(model: nn.Module) -> nn.Module:
+    """The first module, the model itself included, with residual blocks (the built-in GPT's
+    ``blocks``, or a transformers ``config``): a LightningModule or any other wrapper holds one.
+    The model itself when none does (the monitors that need blocks then say what they missed)."""
+    for m in model.modules():
+        if isinstance(getattr(m, "blocks", None), nn.ModuleList):
+            return m
+        if hasattr(getattr(m, "config", None), "num_hidden_layers"):
+            return m
+    return model
 
 
 def residual_blocks(model: nn.Module) -> tuple[str, nn.ModuleList]:
@@ -71,12 +86,18 @@ class Monitor:
         if unknown := wanted - set(MONITORS):
             raise ValueError(f"unknown monitors {sorted(unknown)}; choose from {', '.join(MONITORS)}")
         self.every, self.tensorboard = every, tensorboard
+        model = core_model(model)
         self.monitors: list[Check] = []
         if "spectral_alignment" in wanted:
             prefix, blocks = residual_blocks(model)
             self.monitors.append(SpectralAlignment(blocks, prefix, seed=seed))
-        if "attention_entropy" in wanted and (sites := find_attention(model)):
+        sites = find_attention(model)
+        if "attention_entropy" in wanted and sites:
             self.monitors.append(AttentionSpectralEntropy(sites))
+        if "attention_logits" in wanted and sites:
+            self.monitors.append(AttentionLogits(sites, seed=seed))
+        if "output_logits" in wanted and (head := find_output_head(model)) is not None:
+            self.monitors.append(OutputLogits(head, seed=seed))
         if "router" in wanted and (routers := find_routers(model)):
             self.monitors.append(RouterHealth(routers, seed=seed))
         if "r_metric" in wanted:

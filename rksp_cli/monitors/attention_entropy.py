@@ -32,16 +32,28 @@ from rksp_cli.monitors.base import Alert, DriftAlarm, linear_weight
 
 @dataclass
 class QKSite:
-    """Where one attention layer keeps W_Q and W_K, as (heads x d_k, d) row blocks."""
+    """Where one attention layer keeps W_Q and W_K, as (heads x d_k, d) row blocks, and how it makes
+    its queries and keys from the input of ``source``."""
 
     name: str
     weights: Callable[[], tuple[torch.Tensor, torch.Tensor]]
     n_heads: int
     n_kv_heads: int
+    source: nn.Module  # the module whose input (tokens x d) the queries and keys are computed from
+    project: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]  # tokens x d -> q, k (heads, tokens, d_k)
+
+
+def _split_heads(x: torch.Tensor, n: int, repeat: int = 1) -> torch.Tensor:
+    """(tokens, n x d_k) -> (n x repeat, tokens, d_k); ``repeat`` pairs grouped key heads with their queries."""
+    return x.reshape(x.shape[0], n, -1).transpose(0, 1).repeat_interleave(repeat, dim=0)
 
 
 def find_attention(model: nn.Module) -> list[QKSite]:
-    """The built-in GPT's fused qkv, transformers-style q_proj / k_proj pairs, or GPT-2's fused c_attn."""
+    """The built-in GPT's fused qkv, transformers-style q_proj / k_proj pairs, or GPT-2's fused c_attn.
+
+    ``project`` is exact for the built-in GPT (its ``heads``, qk-norm included); for transformers
+    layers it is the projections alone: rotary embeddings and any per-head q/k norm are left out.
+    """
     from rksp_cli.models.gpt import CausalSelfAttention
 
     config = getattr(model, "config", None)
@@ -49,8 +61,13 @@ def find_attention(model: nn.Module) -> list[QKSite]:
     for name, m in model.named_modules():
         if isinstance(m, CausalSelfAttention):
             d = m.qkv.in_features
+
+            def own(x: torch.Tensor, m: CausalSelfAttention = m) -> tuple[torch.Tensor, torch.Tensor]:
+                q, k, _ = m.heads(x.unsqueeze(0))
+                return q[0], k[0]
+
             sites.append(
-                QKSite(name, lambda m=m, d=d: (m.qkv.weight[:d], m.qkv.weight[d : 2 * d]), m.n_heads, m.n_heads)
+                QKSite(name, lambda m=m, d=d: (m.qkv.weight[:d], m.qkv.weight[d : 2 * d]), m.n_heads, m.n_heads, m, own)
             )
             continue
         heads = getattr(config, "num_attention_heads", None)
@@ -59,12 +76,28 @@ def find_attention(model: nn.Module) -> list[QKSite]:
         kv = getattr(config, "num_key_value_heads", None) or heads
         q, k = (getattr(m, n, None) for n in ("q_proj", "k_proj"))
         if q is not None and k is not None and linear_weight(q) is not None and linear_weight(k) is not None:
-            sites.append(QKSite(name, lambda q=q, k=k: (linear_weight(q), linear_weight(k)), heads, kv))
+
+            def pair(x: torch.Tensor, q: nn.Module = q, k: nn.Module = k, h: int = heads, kv: int = kv):
+                return _split_heads(q(x), h), _split_heads(k(x), kv, h // kv)
+
+            sites.append(QKSite(name, lambda q=q, k=k: (linear_weight(q), linear_weight(k)), heads, kv, q, pair))
         elif linear_weight(fused := getattr(m, "c_attn", None)) is not None and not getattr(m, "is_cross_attention", 0):
             # GPT-2: one fused Conv1D holds W_Q, W_K and W_V, each d x d
             d = linear_weight(fused).shape[1]
+
+            def split(x: torch.Tensor, f: nn.Module = fused, d: int = d, h: int = heads):
+                q, k, _ = f(x).split(d, dim=-1)
+                return _split_heads(q, h), _split_heads(k, h)
+
             sites.append(
-                QKSite(name, lambda f=fused, d=d: (linear_weight(f)[:d], linear_weight(f)[d : 2 * d]), heads, heads)
+                QKSite(
+                    name,
+                    lambda f=fused, d=d: (linear_weight(f)[:d], linear_weight(f)[d : 2 * d]),
+                    heads,
+                    heads,
+                    fused,
+                    split,
+                )
             )
     return sites
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 import sys
 from collections import deque
@@ -29,7 +30,7 @@ class Alert:
 
 
 class Check(Protocol):
-    """What ``Monitor`` schedules. Optional extras: ``sampler`` (an InputSampler, armed for check
+    """What ``Monitor`` schedules. Optional extras: ``sampler`` (a TokenSampler, armed for check
     steps), ``tick()`` (called every step), ``remove()`` (detach hooks)."""
 
     name: str
@@ -48,19 +49,27 @@ def linear_weight(module: nn.Module) -> torch.Tensor | None:
     return None
 
 
-class InputSampler:
-    """Forward pre-hooks keeping up to ``tokens`` input rows (detached, float32) of each module, on
-    armed steps only: ``Monitor`` arms them for the forward pass of a check step."""
+class TokenSampler:
+    """Hooks keeping up to ``tokens`` rows (detached, float32) of each module's input (``side="input"``)
+    or output, on armed steps only: ``Monitor`` arms them for the forward pass of a check step."""
 
-    def __init__(self, modules: dict[str, nn.Module], tokens: int, generator: torch.Generator):
+    def __init__(
+        self, modules: dict[str, nn.Module], tokens: int, generator: torch.Generator, side: str = "input"
+    ) -> None:
+        if side not in ("input", "output"):
+            raise ValueError(f"side must be 'input' or 'output', got {side!r}")
         self.tokens, self.armed, self.generator = tokens, True, generator
         self.inputs: dict[str, torch.Tensor] = {}
-        self._handles = [m.register_forward_pre_hook(self._hook(name)) for name, m in modules.items()]
+        if side == "input":
+            self._handles = [m.register_forward_pre_hook(self._hook(name)) for name, m in modules.items()]
+        else:
+            self._handles = [m.register_forward_hook(self._hook(name)) for name, m in modules.items()]
 
     def _hook(self, name: str):
-        def hook(module: nn.Module, args: tuple) -> None:
+        def hook(module: nn.Module, args: tuple, output: torch.Tensor | None = None) -> None:
             if self.armed:
-                x = args[0].detach().reshape(-1, args[0].shape[-1])
+                rows = args[0] if output is None else output
+                x = rows.detach().reshape(-1, rows.shape[-1])
                 if x.shape[0] > self.tokens:
                     x = x[torch.randperm(x.shape[0], generator=self.generator)[: self.tokens].to(x.device)]
                 self.inputs[name] = x.float()
@@ -68,7 +77,7 @@ class InputSampler:
         return hook
 
     def take(self) -> dict[str, torch.Tensor]:
-        """The inputs captured since the last call."""
+        """The rows captured since the last call."""
         inputs, self.inputs = self.inputs, {}
         return inputs
 
@@ -137,3 +146,34 @@ class DriftAlarm:
             reason = f"{self.what} {value:.3f} {self.verb} {z:.1f} robust sd from its history"
             return Alert(step, self.monitor, layer, z, self.z, "warning", reason)
         return None
+
+
+class GrowthAlarm:
+    """A signal that has left its normal range and keeps growing: an alarm once the value is at
+    least ``level`` *and* at least ``growth`` x the smallest of its previous ``lag`` checks, on
+    ``patience`` consecutive checks; no alarm before ``lag`` checks exist (the warm-up).
+
+    For failures that develop as steady growth (attention logits, the output's log-partition
+    function): a drift score misses them, since a steady trend never stands out against its own
+    recent history, and a level alone cannot tell a model that grew once and holds from one that
+    keeps growing.
+    """
+
+    def __init__(self, monitor: str, what: str, level: float, growth: float = 2.0, lag: int = 10, patience: int = 3):
+        self.monitor, self.what, self.level, self.growth, self.patience = monitor, what, level, growth, patience
+        self.history: dict[str | None, deque[float]] = {}
+        self.lag = lag
+        self.persistence = Persistence(patience)
+
+    def update(self, step: int, layer: str | None, value: float) -> Alert | None:
+        history = self.history.setdefault(layer, deque(maxlen=self.lag))
+        low = min(history) if len(history) == self.lag else math.inf
+        history.append(value)
+        growing = value >= self.level and value >= self.growth * low
+        if not self.persistence.update(layer or "", growing):
+            return None
+        reason = (
+            f"{self.what} {value:.3g} >= {self.level:g} and {value / low:.1f}x its low of the last {self.lag} "
+            f"checks, {self.patience} checks in a row"
+        )
+        return Alert(step, self.monitor, layer, value, self.level, "alarm", reason)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from rksp_cli.monitors.base import Alert, DriftAlarm, InputSampler
+from rksp_cli.monitors.base import Alert, DriftAlarm, TokenSampler
 
 
 def find_routers(model: nn.Module) -> dict[str, nn.Module]:
@@ -71,7 +71,7 @@ class RouterHealth:
         if not routers:
             raise ValueError("router health found no MoE routers")
         self.routers = routers
-        self.sampler = InputSampler(routers, tokens, torch.Generator().manual_seed(seed))
+        self.sampler = TokenSampler(routers, tokens, torch.Generator().manual_seed(seed))
         self.alarms = {
             (n, key): DriftAlarm(self.name, what, direction)
             for n in routers

@@ -36,7 +36,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from rksp_cli.monitors.base import Alert, InputSampler, Persistence, RobustDrift, linear_weight
+from rksp_cli.monitors.base import Alert, Persistence, RobustDrift, TokenSampler, linear_weight
 
 WARNING_BITS, ALARM_BITS, PATIENCE, GROWTH_Z = 0.8, 0.5, 3, 4.0
 REARM_BITS = 0.9  # a warned layer warns again only after recovering above this
@@ -67,7 +67,7 @@ class SpectralAlignment:
         if not self.layers:
             raise ValueError("spectral alignment found no linear layers (nn.Linear or Conv1D) in the blocks")
         self.generator = torch.Generator().manual_seed(seed)  # token samples and power-iteration starts
-        self.sampler = InputSampler(self.layers, tokens, self.generator)
+        self.sampler = TokenSampler(self.layers, tokens, self.generator)
         self._v: dict[str, torch.Tensor] = {}
         self.exempt: set[str] = set()  # collapsed from the first check on: reported, never alerting
         self.persistence = Persistence(PATIENCE)

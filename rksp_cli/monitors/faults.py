@@ -134,7 +134,7 @@ class _RoundUp(torch.autograd.Function):
         return round_up(grad, ctx.bits), None
 
 
-def _low_precision_attention(attn: CausalSelfAttention, bits: int) -> Callable[[torch.Tensor], torch.Tensor]:
+def low_precision_attention(attn: CausalSelfAttention, bits: int) -> Callable[[torch.Tensor], torch.Tensor]:
     def forward(x: torch.Tensor) -> torch.Tensor:
         q, k, v = attn.heads(x)
         T = x.shape[1]
@@ -213,7 +213,7 @@ def _inject(
     elif fault == "attention_precision":
         for m in model.modules():
             if isinstance(m, CausalSelfAttention):
-                m.forward = _low_precision_attention(m, job.mantissa_bits)
+                m.forward = low_precision_attention(m, job.mantissa_bits)
     elif fault == "router_collapse":
 
         def push(module: Any, args: tuple, output: torch.Tensor) -> torch.Tensor:

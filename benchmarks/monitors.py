@@ -1,0 +1,172 @@
+"""Monitors against natural, slow failures, head to head with the spike detectors (issue 16).
+
+For every failure in ``rksp_cli.monitors.failures.FAILURES``: failing runs and controls (same
+model, same length, the one change that keeps it healthy), each watched by every rksp monitor at
+the default interval and replayed through Lightning's, OLMo-core's, llm-foundry's and
+Megatron-LM's detectors. Per failure and watcher: failing runs that failed, how many the watcher
+alarmed on before the failure, its median lead (steps and share of the run), its false alarms on
+the controls and its overhead per check at the default interval.
+
+Then the actions (``rksp_cli.monitors.guard``): the same failing runs and controls with each
+policy acting on the alarms. Per failure and policy: failing runs saved (failed unguarded, not
+guarded; paired by seed), and the change of the controls' final loss against the unguarded
+controls, beside the controls' own seed-to-seed spread.
+
+Each run is saved as JSON under benchmarks/results/monitors/ as it finishes, so a rerun resumes.
+Writes benchmarks/results/monitors.json and prints Markdown.
+Run: python benchmarks/monitors.py [--seeds 6] [--workers 2] [--policies skip,backoff,rollback]
+(make bench-monitors; about 8 minutes per failure and policy on 2 cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rksp_cli.files import atomic_path
+from rksp_cli.monitors.failures import BASE, DEFAULT_EVERY, FAILURES, WatchedRun, head_to_head, watch_run
+from rksp_cli.monitors.guard import POLICIES
+
+HERE = Path(__file__).parent / "results"
+RUNS = HERE / "monitors"
+RESULTS = HERE / "monitors.json"
+
+
+def _cpu() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").is_file() else []:
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+Job = tuple[str, str, int, str | None]  # failure, kind, seed, policy
+
+
+def _path(job: Job) -> Path:
+    name, kind, seed, policy = job
+    return RUNS / f"{name}-{kind}-{seed}{f'-{policy}' if policy else ''}.json"
+
+
+def _one(job: Job) -> Path:
+    name, kind, seed, policy = job
+    torch.set_num_threads(1)  # two workers on two cores; a second thread per run only contends
+    run = watch_run(FAILURES[name], kind, seed, every=DEFAULT_EVERY, policy=policy)
+    with atomic_path(_path(job)) as tmp:
+        tmp.write_text(json.dumps(run.as_dict()))
+    return _path(job)
+
+
+def run_all(jobs: list[Job], workers: int) -> list[WatchedRun]:
+    RUNS.mkdir(parents=True, exist_ok=True)
+    todo = [j for j in jobs if not _path(j).is_file()]
+    print(f"{len(jobs) - len(todo)} of {len(jobs)} runs already done; {len(todo)} to go", flush=True)
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        for done, path in enumerate(pool.map(_one, todo), 1):
+            print(f"[{done}/{len(todo)}] {path.name}", flush=True)
+    return [WatchedRun.from_dict(json.loads(_path(j).read_text())) for j in jobs]
+
+
+def actions(watched: list[WatchedRun], guarded: list[WatchedRun]) -> list[dict[str, Any]]:
+    """Per failure and policy: failing runs saved, and what the policy did to the controls' final loss."""
+    plain = {(r.failure, r.kind, r.seed): r for r in watched}
+    rows = []
+    for failure, policy in dict.fromkeys((r.failure, r.policy) for r in guarded):
+        runs = [r for r in guarded if r.failure == failure and r.policy == policy]
+        failing = [(plain[(r.failure, r.kind, r.seed)], r) for r in runs if r.kind == "failing"]
+        controls = [(plain[(r.failure, r.kind, r.seed)], r) for r in runs if r.kind == "control"]
+        shifts = [g.final_loss - p.final_loss for p, g in controls]
+        rows.append({
+            "failure": failure, "policy": policy,
+            "failed_unguarded": sum(p.failed_step is not None for p, _ in failing),
+            "saved": sum(p.failed_step is not None and g.failed_step is None for p, g in failing),
+            "failed_guarded": sum(g.failed_step is not None for _, g in failing),
+            "failing_final_loss": statistics.median(g.final_loss for _, g in failing) if failing else None,
+            "controls": len(controls), "controls_acted_on": sum(bool(g.actions) for _, g in controls),
+            "control_final_loss_shift_max": max(shifts, key=abs) if shifts else None,
+            "control_final_loss_sd": statistics.stdev(p.final_loss for p, _ in controls) if len(controls) > 1 else None,
+        })  # fmt: skip
+    return rows
+
+
+def _summary(run: WatchedRun) -> dict[str, Any]:
+    keep = ("failure", "kind", "seed", "failed_step", "exploded_step", "final_loss")
+    return {k: getattr(run, k) for k in keep} | {"first_alarms": run.first_alarms()}
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    def f(value: Any, fmt: str) -> str:
+        return "-" if value is None else format(value, fmt)
+
+    lines = [
+        "| failure | watcher | failed | alarmed before | median lead (steps) | lead / failure step "
+        "| false alarms (controls) | overhead @50 |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['failure']} | {r['watcher']} | {r['failed']}/{r['failing_runs']} | {r['alarmed']} "
+            f"| {f(r['median_lead_steps'], 'g')} | {f(r['median_lead_share'], '.0%')} "
+            f"| {r['false_alarms']}/{r['controls']} | {f(r['overhead_pct'], '.2f')}{'%' if r['overhead_pct'] else ''} |"
+        )
+    return "\n".join(lines)
+
+
+def actions_markdown(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| failure | policy | failing runs saved | still failed | controls acted on "
+        "| largest control final-loss change | controls' seed sd |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        shift, sd = r["control_final_loss_shift_max"], r["control_final_loss_sd"]
+        lines.append(
+            f"| {r['failure']} | {r['policy']} | {r['saved']}/{r['failed_unguarded']} | {r['failed_guarded']} "
+            f"| {r['controls_acted_on']}/{r['controls']} | {'-' if shift is None else f'{shift:+.3f}'} "
+            f"| {'-' if sd is None else f'{sd:.3f}'} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--failures", default=",".join(FAILURES), help="comma-separated names")
+    parser.add_argument("--seeds", type=int, default=6, help="failing runs and controls per failure")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--policies", default=",".join(POLICIES), help="guard policies to measure; '' for none")
+    args = parser.parse_args()
+    names = args.failures.split(",")
+    if unknown := set(names) - set(FAILURES):
+        raise SystemExit(f"--failures: unknown {sorted(unknown)}; choose from {', '.join(FAILURES)}")
+    policies = [p for p in args.policies.split(",") if p]
+    if unknown := set(policies) - set(POLICIES):
+        raise SystemExit(f"--policies: unknown {sorted(unknown)}; choose from {', '.join(POLICIES)}")
+    cells = [(n, k, s) for n in names for k in ("failing", "control") for s in range(args.seeds)]
+    runs = run_all([(*c, None) for c in cells], args.workers)
+    guarded = run_all([(*c, p) for p in policies for c in cells], args.workers) if policies else []
+    rows = head_to_head(runs)
+    results = {
+        "machine": f"{_cpu()}, {torch.get_num_threads()} torch threads per run",
+        "every": DEFAULT_EVERY,
+        "base": BASE,
+        "failures": {n: asdict(FAILURES[n]) for n in names},
+        "runs": [_summary(r) for r in runs],
+        "head_to_head": rows,
+        "actions": actions(runs, guarded),
+    }
+    with atomic_path(RESULTS) as tmp:
+        tmp.write_text(json.dumps(results, indent=1))
+    print(markdown(rows))
+    if results["actions"]:
+        print("\n" + actions_markdown(results["actions"]))
+
+
+if __name__ == "__main__":
+    main()

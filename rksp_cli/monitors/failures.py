@@ -1,0 +1,237 @@
+"""Natural failures: runs that go wrong the way real ones do, slowly, watched by rksp's monitors and
+by the spike detectors teams already run (issue 16).
+
+Unlike ``faults`` (a fault switched on at a known step), nothing here is injected at a step: each
+failure is a training configuration from the literature that drifts into instability on its own,
+and its control is the same model, for the same number of steps, with the one change that keeps
+it healthy. Both run through ``rksp probe``'s training loop (same optimizer, schedule and label),
+with a ``Monitor`` watching every step.
+
+When a run failed. Two events, whichever comes first:
+
+* **exploded**: the probe's label (loss > 50, gradient norm > 500, or non-finite); training stops;
+* **lost what it learned**: the mean loss of the last ``WINDOW`` = 100 steps has given back half
+  (``LOST``) of its best progress below the loss at step 0, once that progress reached
+  ``MIN_PROGRESS`` = 0.25 nats (Wortsman et al. 2023 count a run whose loss returns towards its
+  initial value as diverged: their lr sensitivity scores min(loss, initial loss)).
+  Layer-normalised models at a high lr fail this way: the attention saturates and the loss
+  climbs back towards chance without ever exploding. We first asked for 90% given back; the
+  low-precision runs then ended 1.4 nats above their controls, 77% of their progress lost, and
+  were not counted as failed: too lenient a line for a run that ends near chance.
+
+A watcher's lead is the failure step minus its first alarm; every alarm on a control run is a
+false alarm. Detectors are replayed on the recorded losses and pre-clip gradient norms.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from torch import nn
+
+from rksp_cli.models.gpt import CausalSelfAttention
+from rksp_cli.monitors import Monitor
+from rksp_cli.monitors.base import Alert
+from rksp_cli.monitors.faults import low_precision_attention
+from rksp_cli.monitors.guard import Guard
+from rksp_cli.monitors.spike_detectors import DETECTORS, first_alarm
+from rksp_cli.probe import probe
+from rksp_cli.spec import set_field, spec_from_dict
+
+WINDOW, MIN_PROGRESS, LOST = 100, 0.25, 0.5
+DEFAULT_EVERY = 50  # Monitor's default interval: overheads are quoted at it
+
+BASE: dict[str, Any] = {  # small enough for thousands of CPU steps (about 20 ms a step on one core)
+    "model": {"norm": "pre", "d_model": 64, "n_layers": 2, "n_heads": 4, "seq_len": 32, "vocab_size": 256},
+    "training": {"task": "synthetic_lm", "warmup_steps": 100, "batch_size": 16, "steps": 3000, "weight_decay": 0.0},
+    "probe": {"tokens": 256},
+}
+
+
+@dataclass(frozen=True)
+class Failure:
+    name: str
+    source: str  # where the literature describes it
+    failing: dict[str, Any]  # changes to BASE that make it fail
+    control: dict[str, Any]  # changes to BASE that keep it healthy
+    low_precision_bits: int = 0  # > 0: attention with biased rounding to this many mantissa bits (faults.py)
+
+    def spec(self, kind: str, seed: int) -> Any:
+        raw = json.loads(json.dumps(BASE))
+        for name, value in {**(self.failing if kind == "failing" else self.control), "probe.seed": seed}.items():
+            set_field(raw, name, value)
+        return spec_from_dict(raw, source=f"failure {self.name} ({kind})")
+
+
+FAILURES = {
+    f.name: f
+    for f in (
+        Failure(
+            "attention_logit_growth",
+            "Wortsman et al. 2023 (arXiv 2309.14322); Zhai et al. 2023 (arXiv 2303.06296)",
+            failing={"training.lr": 0.1},
+            control={"training.lr": 0.01},
+        ),
+        Failure(
+            "low_precision_attention",
+            "biased rounding in low-precision attention (faults.py; the tied-maximum rounding bias of BF16 "
+            "flash attention)",
+            failing={"training.lr": 0.01},
+            control={"training.lr": 0.01},
+            low_precision_bits=3,
+        ),
+    )
+}
+
+
+@dataclass
+class WatchedRun:
+    failure: str
+    kind: str  # "failing" or "control"
+    seed: int
+    steps: int  # planned
+    losses: list[float]
+    grad_norms: list[float]
+    exploded_step: int | None
+    alerts: list[Alert]
+    monitors: list[str]
+    step_seconds: float  # median training step, monitors excluded
+    check_seconds: dict[str, float]  # mean seconds per check, per monitor
+    final_loss: float = math.nan
+    policy: str | None = None  # the guard's action policy, None: watched only
+    actions: list[dict[str, Any]] = field(default_factory=list)  # what the guard did
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def failed_step(self) -> int | None:
+        lost = lost_step(self.losses)
+        events = [s for s in (self.exploded_step, lost) if s is not None]
+        return min(events) if events else None
+
+    def monitor_alarm(self, name: str) -> int | None:
+        steps = [a.step for a in self.alerts if a.monitor == name and a.level == "alarm"]
+        return min(steps) if steps else None
+
+    def detector_alarm(self, make: Callable[[], Any]) -> int | None:
+        return first_alarm(make(), self.losses, self.grad_norms)
+
+    def first_alarms(self) -> dict[str, int | None]:
+        """Every watcher's first alarm: rksp's monitors by name, the detectors by theirs."""
+        alarms = {name: self.monitor_alarm(name) for name in self.monitors}
+        return alarms | {cls.name: self.detector_alarm(cls) for cls in DETECTORS}
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["alerts"] = [a.as_dict() for a in self.alerts if a.level == "alarm"]
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> WatchedRun:
+        return cls(**{**data, "alerts": [Alert(**a) for a in data["alerts"]]})
+
+
+def lost_step(losses: list[float], window: int = WINDOW) -> int | None:
+    """First step at which the trailing mean loss has given back ``LOST`` of its progress below the
+    loss at step 0, once that progress reached ``MIN_PROGRESS`` nats; None if it never did."""
+    if len(losses) <= window or not math.isfinite(losses[0]):
+        return None
+    start, best = losses[0], math.inf
+    total = sum(losses[:window])
+    for t in range(window, len(losses)):
+        total += losses[t] - losses[t - window]
+        mean = total / window
+        if not math.isfinite(mean):
+            return None  # an explosion, which the probe's label reports
+        best = min(best, mean)
+        progress = start - best
+        if progress >= MIN_PROGRESS and start - mean <= (1 - LOST) * progress:
+            return t
+    return None
+
+
+def watch_run(
+    failure: Failure, kind: str, seed: int, every: int = DEFAULT_EVERY, policy: str | None = None
+) -> WatchedRun:
+    """Train one failing or control run of ``failure`` with every monitor checking each ``every``
+    steps; with ``policy`` (``guard.POLICIES``) their alarms also act on the run."""
+    if kind not in ("failing", "control"):
+        raise ValueError(f"kind must be 'failing' or 'control', got {kind!r}")
+    spec = failure.spec(kind, seed)
+    made: dict[str, Any] = {}
+
+    def watch(model: nn.Module, optimizer: Any, schedule: Any) -> Monitor | Guard:
+        if failure.low_precision_bits and kind == "failing":
+            for m in model.modules():
+                if isinstance(m, CausalSelfAttention):
+                    m.forward = low_precision_attention(m, failure.low_precision_bits)
+        monitor = Monitor(model, every=every, seed=seed)
+        made["monitor"] = monitor if policy is None else Guard(model, optimizer, policy, schedule, monitor)
+        return made["monitor"]
+
+    t0 = time.perf_counter()
+    result = probe(spec, watch=watch)
+    watcher = made["monitor"]
+    monitor = watcher if isinstance(watcher, Monitor) else watcher.monitor
+    elapsed = time.perf_counter() - t0
+    checks = len(range(0, len(result.losses), every))
+    check_seconds = {name: s / max(checks, 1) for name, s in monitor.seconds.items()}
+    steps = max(len(result.losses), 1)
+    return WatchedRun(
+        failure=failure.name,
+        kind=kind,
+        seed=seed,
+        steps=spec.training.steps,
+        losses=result.losses,
+        grad_norms=result.grad_norms,
+        exploded_step=result.diverged_step,
+        alerts=result.alerts,
+        monitors=monitor.names,
+        step_seconds=(result.train_seconds - sum(monitor.seconds.values())) / steps,
+        check_seconds=check_seconds,
+        final_loss=statistics.fmean(result.losses[-WINDOW:]) if result.losses else math.nan,
+        policy=policy,
+        actions=getattr(watcher, "actions", []),
+        notes=[f"{elapsed:.0f} s in all"],
+    )
+
+
+def head_to_head(runs: list[WatchedRun]) -> list[dict[str, Any]]:
+    """Per failure and watcher: failing runs that failed, how many the watcher alarmed on before the
+    failure, its median lead (steps, and as a share of the step it failed at), how often it was the
+    earliest watcher, its false alarms on the controls, and its overhead at the default interval."""
+    rows = []
+    for name in dict.fromkeys(r.failure for r in runs):
+        failing = [r for r in runs if r.failure == name and r.kind == "failing"]
+        controls = [r for r in runs if r.failure == name and r.kind == "control"]
+        failed = [r for r in failing if r.failed_step is not None]
+        watchers = list(dict.fromkeys(w for r in failing + controls for w in r.first_alarms()))
+        for watcher in watchers:
+            leads, shares = [], []
+            for r in failed:
+                first = r.first_alarms().get(watcher)
+                if first is not None and first <= r.failed_step:
+                    leads.append(r.failed_step - first)
+                    shares.append((r.failed_step - first) / max(r.failed_step, 1))
+            overhead = [
+                100 * r.check_seconds[watcher] / (DEFAULT_EVERY * r.step_seconds)
+                for r in failing + controls
+                if watcher in r.check_seconds and r.step_seconds > 0
+            ]
+            rows.append({
+                "failure": name, "watcher": watcher, "rksp": watcher in failing[0].monitors if failing else False,
+                "failing_runs": len(failing), "failed": len(failed), "alarmed": len(leads),
+                "median_lead_steps": statistics.median(leads) if leads else None,
+                "median_lead_share": statistics.median(shares) if shares else None,
+                "median_failed_step": statistics.median(r.failed_step for r in failed) if failed else None,
+                "run_length": failing[0].steps if failing else None,
+                "controls": len(controls),
+                "false_alarms": sum(r.first_alarms().get(watcher) is not None for r in controls),
+                "overhead_pct": statistics.median(overhead) if overhead else None,
+            })  # fmt: skip
+    return rows

@@ -1,0 +1,118 @@
+"""Opt-in actions on rksp's alarms, for a plain training loop: skip the step, back off the learning
+rate, or roll back to an earlier state (the remedies of the PaLM, OPT and BLOOM logbooks).
+
+    guard = Guard(model, optimizer, policy="backoff", scheduler=scheduler)
+    for step, batch in enumerate(loader):
+        loss = model(**batch).loss
+        loss.backward()
+        guard.step(step, loss)                  # after backward, before clipping
+        if not guard.skip_update:
+            optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+
+Policies, each acting on every *alarm* (warnings never act):
+
+* ``skip``: this step's update is skipped (``skip_update``), as OLMo-core's ``SkipStepOptimizer``
+  does for its outliers.
+* ``backoff``: every learning rate is multiplied by ``factor`` (0.5), the scheduler's base rates
+  too so that the schedule keeps the cut; never below ``floor`` (1%) of the original.
+* ``rollback``: model and optimizer are restored to the older of the last two snapshots (taken
+  every ``snapshot_every`` steps, default 10 checks, so 10-20 checks before the alarm: a slow
+  failure starts well before it is seen), and the lr is backed off as above, since replaying the
+  same lr replays the failure. The loop's data stream goes on, so the batches in between are
+  skipped. Memory: two copies of the model's and the optimizer's state.
+
+``actions`` records what was done and when. Tested on the natural-failure benchmark
+(``benchmarks/monitors.py``), where the figures are.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import deque
+from typing import Any
+
+import torch
+from torch import nn
+
+from rksp_cli.monitors import Monitor
+from rksp_cli.monitors.base import Alert
+
+POLICIES = ("skip", "backoff", "rollback")
+
+
+class Guard:
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        policy: str,
+        scheduler: Any = None,
+        monitor: Monitor | None = None,
+        every: int = 50,
+        factor: float = 0.5,
+        floor: float = 0.01,
+        snapshot_every: int | None = None,
+    ):
+        """``monitor``: the monitors whose alarms act (default: ``Monitor(model, every=every)``)."""
+        if policy not in POLICIES:
+            raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}")
+        if not 0 < factor < 1 or not 0 < floor <= 1:
+            raise ValueError(f"factor must be in (0, 1) and floor in (0, 1], got {factor} and {floor}")
+        self.model, self.optimizer, self.scheduler, self.policy = model, optimizer, scheduler, policy
+        self.monitor = monitor or Monitor(model, every=every)
+        self.factor, self.floor = factor, floor
+        self.snapshot_every = snapshot_every or 10 * self.monitor.every
+        self.scale = 1.0  # the lr's multiplier so far
+        self.skip_update = False
+        self.snapshots: deque[tuple[int, float, dict, dict]] = deque(maxlen=2)  # step, lr scale, states
+        self.actions: list[dict[str, Any]] = []
+
+    @property
+    def names(self) -> list[str]:
+        return self.monitor.names
+
+    @property
+    def seconds(self) -> dict[str, float]:
+        return self.monitor.seconds
+
+    def step(self, step: int, loss: float | torch.Tensor | None = None) -> list[Alert]:
+        """Run the monitors on this step and act on their alarms; returns the alerts."""
+        alerts = self.monitor.step(step, loss)
+        alarms = [a for a in alerts if a.level == "alarm"]
+        self.skip_update = bool(alarms) and self.policy == "skip"
+        if alarms and self.policy in ("backoff", "rollback"):
+            if self.policy == "rollback" and self.snapshots:
+                oldest = self.snapshots[0]
+                taken, scale, model_state, optimizer_state = oldest
+                self.model.load_state_dict(model_state)
+                self.optimizer.load_state_dict(optimizer_state)  # its lrs are those of the snapshot's scale
+                for group in self.optimizer.param_groups:
+                    group["lr"] *= self.scale / scale
+                self.snapshots.clear()  # the restored state is the next rollback's starting point
+                self.snapshots.append(oldest)
+                self.skip_update = True  # this step's gradients belong to the state just discarded
+                self._record(step, "rollback", f"restored the state of step {taken}", alarms)
+            self._back_off(step, alarms)
+        elif step % self.snapshot_every == 0 and self.policy == "rollback":
+            state = (copy.deepcopy(self.model.state_dict()), copy.deepcopy(self.optimizer.state_dict()))
+            self.snapshots.append((step, self.scale, *state))
+        return alerts
+
+    def _back_off(self, step: int, alarms: list[Alert]) -> None:
+        new = max(self.scale * self.factor, self.floor)
+        if new == self.scale:
+            return
+        ratio, self.scale = new / self.scale, new
+        for group in self.optimizer.param_groups:
+            group["lr"] *= ratio
+        if self.scheduler is not None and hasattr(self.scheduler, "base_lrs"):
+            self.scheduler.base_lrs = [lr * ratio for lr in self.scheduler.base_lrs]
+        self._record(step, "backoff", f"lr x{self.scale:g} of the original", alarms)
+
+    def _record(self, step: int, action: str, what: str, alarms: list[Alert]) -> None:
+        self.actions.append({"step": step, "action": action, "what": what, "by": sorted({a.monitor for a in alarms})})
+
+    def remove(self) -> None:
+        self.monitor.remove()

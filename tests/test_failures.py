@@ -1,0 +1,246 @@
+"""Natural-failure harness and the mechanism monitors it brought (issue 16): the signals compute what
+they say, alarm on the growth they are built for and not on a plateau, a watch never changes
+training, and the head-to-head table counts leads and false alarms as documented."""
+
+import math
+
+import pytest
+import torch
+
+from rksp_cli.models.gpt import GPT, GPTConfig
+from rksp_cli.monitors.attention_entropy import find_attention
+from rksp_cli.monitors.attention_logits import SATURATED, AttentionLogits, max_logit
+from rksp_cli.monitors.base import Alert
+from rksp_cli.monitors.failures import MIN_PROGRESS, WINDOW, WatchedRun, head_to_head, lost_step
+from rksp_cli.monitors.output_logits import OutputLogits
+from rksp_cli.probe import probe
+from rksp_cli.spec import spec_from_dict
+
+
+def test_max_logit_is_the_largest_scaled_dot_product_over_heads_and_pairs():
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(3, 7, 8, generator=g), torch.randn(3, 5, 8, generator=g)
+    explicit = max(abs(float(q[h, i] @ k[h, j])) for h in range(3) for i in range(7) for j in range(5))
+    assert max_logit(q, k) == pytest.approx(explicit / math.sqrt(8), rel=1e-5)
+
+
+def test_built_in_projection_is_the_attention_s_own_queries_and_keys():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layers=1, qk_norm=True))
+    site = find_attention(model)[0]
+    x = torch.randn(1, 9, 64)
+    q, k, _ = site.source.heads(x)
+    q2, k2 = site.project(x[0])
+    assert torch.equal(q[0], q2) and torch.equal(k[0], k2)
+
+
+def _logit_alarms(scale_per_check: float, checks: int = 30) -> list[Alert]:
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layers=1))
+    monitor = AttentionLogits(find_attention(model))
+    x = torch.randint(0, 103, (4, 32))
+    alerts = []
+    with torch.no_grad():
+        model.blocks[0].attn.qkv.weight.mul_(400)  # logits well above the saturation line from the start
+        for step in range(checks):
+            model(x)
+            alerts += monitor.check(step)[1]
+            model.blocks[0].attn.qkv.weight.mul_(scale_per_check)
+    return alerts
+
+
+def test_attention_logits_alarm_on_sustained_growth_and_not_on_a_saturated_plateau():
+    grown = _logit_alarms(1.2)  # logits x1.44 a check
+    assert grown and grown[0].step == 10 + 3 - 1 and grown[0].value >= SATURATED  # lag 10, patience 3
+    assert _logit_alarms(1.0) == []  # the same saturated logits, holding: a sharp but stable model
+
+
+def test_output_logits_report_the_mean_log_partition_function():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layers=1))
+    monitor = OutputLogits(model.head)
+    logits, _ = model(torch.randint(0, 103, (2, 16)))
+    metrics, _ = monitor.check(0)
+    assert metrics["log_z_mean"] == pytest.approx(float(torch.logsumexp(logits.detach(), -1).mean()), rel=1e-5)
+    assert monitor.check(1) == ({}, [])  # nothing captured since: nothing reported
+
+
+def test_a_watch_sees_every_step_and_never_changes_training():
+    raw = {"model": {"d_model": 32, "n_layers": 2, "n_heads": 2, "seq_len": 16},
+           "training": {"lr": 3e-3, "steps": 12}, "probe": {"tokens": 64}}  # fmt: skip
+    spec = spec_from_dict(raw, source="test")
+    from rksp_cli.monitors import Monitor
+
+    seen = []
+
+    def watch(model, optimizer, schedule):
+        monitor = Monitor(model, every=2)
+        step = monitor.step
+        monitor.step = lambda s, loss: seen.append(s) or step(s, loss)
+        return monitor
+
+    watched, plain = probe(spec, watch=watch), probe(spec)
+    assert seen == list(range(12))
+    assert watched.losses == plain.losses and watched.grad_norms == plain.grad_norms  # bitwise
+
+
+def _curve(fall_to: float, back_to: float | None, n: int = 2000) -> list[float]:
+    """Loss 5 at step 0, falling linearly to ``fall_to`` by step 600, then (if given) rising to ``back_to``."""
+    out = []
+    for t in range(n):
+        v = 5 - (5 - fall_to) * min(t, 600) / 600
+        if back_to is not None and t > 1000:
+            v = fall_to + (back_to - fall_to) * min(t - 1000, 600) / 600
+        out.append(v)
+    return out
+
+
+def test_lost_step_marks_a_run_that_gave_back_what_it_learned():
+    step = lost_step(_curve(3.0, 5.0))
+    assert step is not None and 1000 < step < 1700
+    assert lost_step(_curve(3.0, None)) is None  # learned and kept it
+    assert lost_step(_curve(3.0, 3.8)) is None  # gave back 40%: degraded, not lost
+    assert lost_step(_curve(5 - MIN_PROGRESS / 2, 5.0)) is None  # never learned enough to lose
+    assert lost_step(_curve(3.0, 5.0)[:WINDOW]) is None
+
+
+def _run(kind: str, alarms: dict[str, int], exploded: int | None, n: int = 400) -> WatchedRun:
+    alerts = [Alert(s, m, None, 0.0, 0.0, "alarm", "") for m, s in alarms.items()]
+    losses = [1.0] * n if exploded is None else [1.0] * exploded + [math.inf]
+    return WatchedRun("f", kind, 0, n, losses, [1.0] * len(losses), exploded, alerts, ["m"], 0.01, {"m": 0.0001})
+
+
+def test_head_to_head_counts_leads_before_the_failure_and_false_alarms_on_controls():
+    runs = [
+        _run("failing", {"m": 100}, exploded=300),  # lead 200
+        _run("failing", {"m": 350}, exploded=300),  # alarmed after the failure: no lead
+        _run("control", {}, None),
+        _run("control", {"m": 10}, None),  # a false alarm
+    ]
+    rows = {r["watcher"]: r for r in head_to_head(runs)}
+    m = rows["m"]
+    assert (m["failed"], m["alarmed"], m["median_lead_steps"], m["false_alarms"]) == (2, 1, 200, 1)
+    assert m["median_lead_share"] == pytest.approx(200 / 300) and m["rksp"]
+    assert m["overhead_pct"] == pytest.approx(100 * 0.0001 / (50 * 0.01))
+    megatron = rows["Megatron-LM spiky loss"]  # fires on the non-finite loss: lead 0
+    assert not megatron["rksp"] and megatron["alarmed"] == 2 and megatron["median_lead_steps"] == 0
+
+
+class _Alarms:
+    """Stands in for a Monitor: an alarm on the given steps."""
+
+    every, names, seconds = 5, ["fake"], {"fake": 0.0}
+
+    def __init__(self, steps):
+        self.steps = set(steps)
+
+    def step(self, step, loss=None):
+        return [Alert(step, "fake", None, 1.0, 0.5, "alarm", "test")] if step in self.steps else []
+
+    def remove(self):
+        pass
+
+
+def _guarded(policy: str, alarms: list[int], steps: int = 30, **kwargs):
+    from rksp_cli.monitors.guard import Guard
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+    guard = Guard(model, optimizer, policy, scheduler, monitor=_Alarms(alarms), **kwargs)
+    history, data = [], torch.Generator().manual_seed(1)
+    for step in range(steps):
+        loss = (model(torch.randn(8, 4, generator=data)) - 1).square().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        guard.step(step, loss)
+        before = model.weight.detach().clone()
+        if not guard.skip_update:
+            optimizer.step()
+        scheduler.step()
+        history.append((before, model.weight.detach().clone(), optimizer.param_groups[0]["lr"]))
+    return guard, history
+
+
+def test_skip_policy_skips_exactly_the_alarmed_updates():
+    guard, history = _guarded("skip", [7, 12])
+    unchanged = [s for s, (before, after, _) in enumerate(history) if torch.equal(before, after)]
+    assert unchanged == [7, 12] and guard.actions == []
+    assert {lr for *_, lr in history} == {0.1}
+
+
+def test_backoff_halves_the_lr_per_alarm_through_the_scheduler_down_to_the_floor():
+    guard, history = _guarded("backoff", [3, 4, 5, 6], floor=0.2)
+    lrs = [lr for *_, lr in history]
+    assert lrs[2] == 0.1 and lrs[3] == pytest.approx(0.05) and lrs[4] == pytest.approx(0.025)
+    assert lrs[-1] == pytest.approx(0.02)  # floored at 20% of the original, the scheduler kept the cut
+    assert [a["action"] for a in guard.actions] == ["backoff"] * 3
+
+
+def test_rollback_restores_the_older_snapshot_and_backs_off():
+    guard, history = _guarded("rollback", [23], snapshot_every=10)
+    snapshot_10 = history[9][1]  # the weights after step 9 are those seen at step 10
+    assert torch.equal(history[23][1], snapshot_10)  # restored, and this step's update skipped
+    assert history[23][2] == pytest.approx(0.05)
+    assert guard.actions[0]["action"] == "rollback" and "step 10" in guard.actions[0]["what"]
+
+
+def test_optimizer_hook_runs_the_monitors_after_every_step_and_reports_metrics():
+    from rksp_cli.monitors import Monitor
+    from rksp_cli.monitors.hooks import watch_optimizer
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layers=1))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    reported, last = [], {}
+    monitor = Monitor(model, every=2)
+    handle = watch_optimizer(
+        optimizer, monitor, loss=lambda: last.get("loss"), on_metrics=lambda s, m, a: reported.append((s, m))
+    )
+    ids = torch.randint(0, 103, (4, 16))
+    for _ in range(5):
+        _, loss = model(ids, ids)
+        last["loss"] = float(loss.detach())
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    handle.remove()
+    optimizer.step()  # removed: no more checks
+    assert [s for s, _ in reported] == [0, 2, 4]
+    assert "attn_logit_max" in reported[-1][1] and math.isfinite(reported[-1][1]["r_metric"])
+
+
+def test_lightning_callback_logs_metrics_to_the_trainer_and_can_stop_on_an_alarm(tmp_path):
+    import pytorch_lightning as pl  # in the dev extra, so never skipped
+
+    from rksp_cli.monitors.lightning import RkspMonitor
+
+    class Module(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.model = GPT(GPTConfig(n_layers=1))
+
+        def training_step(self, batch, batch_idx):
+            return self.model(batch[0], batch[0])[1]
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    torch.manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randint(0, 103, (24, 16)))
+    loader = torch.utils.data.DataLoader(data, batch_size=4)
+    callback = RkspMonitor(every=2)
+    trainer = pl.Trainer(max_steps=5, callbacks=[callback], logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)  # fmt: skip
+    trainer.fit(Module(), loader)
+    assert "rksp/attn_logit_max" in trainer.callback_metrics and "rksp/r_metric" in trainer.callback_metrics
+    assert "spectral_alignment" in callback.monitor.names  # found the GPT inside the LightningModule
+
+    stopper = RkspMonitor(every=1, stop_on_alarm=True)
+    stopper.on_fit_start(None, Module())
+    stopper.monitor.step = lambda step, loss: [Alert(step, "fake", None, 1.0, 0.5, "alarm", "test")]
+    trainer = pl.Trainer(max_steps=5, callbacks=[], logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)  # fmt: skip
+    stopper.on_before_optimizer_step(trainer, Module(), None)
+    assert trainer.should_stop and stopper.alerts
