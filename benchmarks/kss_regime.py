@@ -8,7 +8,8 @@ arms use is the one where the baseline diverges in 40-80% of runs after warmup. 
 0.015) and none at 0.003, so the arms run at 0.0035-0.0045, across that edge.
 
 ``arms``: at least 24 runs per arm (lrs x seeds) in that setting: the baseline; KSS as published
-(alpha 0.10 / 0.15 / 0.20, every 10 steps on half the layers); gradient clipping 0.5 / 1.0;
+(alpha 0.10 / 0.15 / 0.20, every 10 steps on half the layers) and its operator-norm variant
+(``kss.py``, ``variant="growth"``, alpha 0.15); gradient clipping 0.5 / 1.0;
 qk-layernorm; z-loss 1e-4; a 4x longer warmup; sigmaReparam on every linear weight. Per arm:
 runs diverged, Fisher's exact p against the baseline (two-sided), median diverging step, final
 accuracy of the runs that trained, and ms per training step (the same workers on the same
@@ -46,17 +47,18 @@ REGIME = {  # the paper's stress setting, as far as it names it
 }
 REGIME_LRS = (0.003, 0.005, 0.0075, 0.01, 0.015)
 REGIME_SEEDS = range(4)
-ARMS: dict[str, dict[str, Any]] = {
+ARMS: dict[str, dict[str, Any]] = {  # in the order they run: the likeliest to help first after KSS
     "baseline": {},
     "KSS alpha 0.10": {"training.kss_alpha": 0.10},
     "KSS alpha 0.15": {"training.kss_alpha": 0.15},
-    "KSS alpha 0.20": {"training.kss_alpha": 0.20},
-    "clip 0.5": {"training.grad_clip": 0.5},
+    "KSS growth 0.15": {"training.kss_alpha": 0.15, "training.kss_variant": "growth"},
     "clip 1.0": {"training.grad_clip": 1.0},
+    "sigmaReparam": {"model.sigma_reparam": True},
     "qk-layernorm": {"model.qk_norm": True},
     "z-loss 1e-4": {"training.z_loss": 1e-4},
     "warmup x4": {"training.warmup_steps": 400},
-    "sigmaReparam": {"model.sigma_reparam": True},
+    "clip 0.5": {"training.grad_clip": 0.5},
+    "KSS alpha 0.20": {"training.kss_alpha": 0.20},
 }
 
 

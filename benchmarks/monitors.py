@@ -38,6 +38,7 @@ from rksp_cli.monitors.guard import POLICIES
 HERE = Path(__file__).parent / "results"
 RUNS = HERE / "monitors"
 RESULTS = HERE / "monitors.json"
+THREADS = 1  # per run, two runs at once on two cores: a second thread per run only contends
 
 
 def _cpu() -> str:
@@ -57,7 +58,7 @@ def _path(job: Job) -> Path:
 
 def _one(job: Job) -> Path:
     name, kind, seed, policy = job
-    torch.set_num_threads(1)  # two workers on two cores; a second thread per run only contends
+    torch.set_num_threads(THREADS)
     run = watch_run(FAILURES[name], kind, seed, every=DEFAULT_EVERY, policy=policy)
     with atomic_path(_path(job)) as tmp:
         tmp.write_text(json.dumps(run.as_dict()))
@@ -153,7 +154,7 @@ def main() -> None:
     guarded = run_all([(*c, p) for p in policies for c in cells], args.workers) if policies else []
     rows = head_to_head(runs)
     results = {
-        "machine": f"{_cpu()}, {torch.get_num_threads()} torch threads per run",
+        "machine": f"{_cpu()}, {THREADS} torch thread per run, {args.workers} runs at a time",
         "every": DEFAULT_EVERY,
         "base": BASE,
         "failures": {n: asdict(FAILURES[n]) for n in names},

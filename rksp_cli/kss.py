@@ -6,6 +6,12 @@ RKSP paper, Eqs. 14-15 (method reference, section 4)::
     L_KSS^l = sum_j sig(T(|lam_j| - tau_u)) softplus(|lam_j| - tau_u)^2 + beta (m_soft - gamma)^2
     m_soft  = (1/r) sum_j sig(T(|lam_j| - tau_l)) sig(T(tau_u - |lam_j|))
 
+``variant="growth"`` (ours, issue 15; the published form is ``variant="paper"``, the default)
+replaces the eigenvalue terms by a penalty on the whitened operator's largest singular value,
+softplus(sigma_max(A) - tau_u)^2. Eigenvalue moduli bound only the operator's asymptotic growth;
+a non-normal operator (kappa(V) of 1e3-1e4 is common here) can amplify a state by far more than
+|lambda_max| in one application, and sigma_max bounds that transient growth: |A^k| <= sigma_max^k.
+
 Usage in a plain PyTorch loop (the hooks read the states of the training forward pass itself)::
 
     kss = KoopmanSpectralShaping(blocks, alpha=0.15, every=10)
@@ -42,6 +48,8 @@ from torch import nn
 
 from rksp_cli.koopman import fit_operator, subspace_whitening
 
+VARIANTS = ("paper", "growth")
+
 
 class KoopmanSpectralShaping:
     def __init__(
@@ -60,9 +68,13 @@ class KoopmanSpectralShaping:
         eps: float = 1e-5,
         max_grad: float = 1.0,
         seed: int = 0,
+        variant: str = "paper",
     ):
         if not blocks:
             raise ValueError("KSS needs at least one residual block")
+        if variant not in VARIANTS:
+            raise ValueError(f"variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
+        self.variant = variant
         self.blocks = list(blocks)
         self.alpha, self.every, self.fraction, self.rank = alpha, every, fraction, rank
         self.tau_u, self.tau_l, self.temperature = tau_u, tau_l, temperature
@@ -104,11 +116,20 @@ class KoopmanSpectralShaping:
         if not terms:
             return torch.zeros(())
         self.applied += 1
-        self.last_soft_mass = sum(self._soft_masses) / len(self._soft_masses)
+        if self._soft_masses:  # the published variant's m_soft; the growth variant has none
+            self.last_soft_mass = sum(self._soft_masses) / len(self._soft_masses)
         return self.alpha * torch.stack(terms).mean()
 
     def layer_penalty(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
         """L_KSS for one transition from hidden states (..., d) with their autograd graph."""
+        if self.variant == "growth":
+            with torch.autocast(x.device.type, enabled=False):
+                sigma = torch.linalg.matrix_norm(self.operator(x, y), 2)
+            penalty = F.softplus(sigma - self.tau_u).square()
+            if not torch.isfinite(penalty):
+                self.skipped += 1
+                return None
+            return penalty.to(x.dtype)
         lam = self.eigenvalues(x, y)
         mod = torch.sqrt(lam.real.square() + lam.imag.square() + 1e-12)  # |lambda|, smooth at 0
         t = self.temperature
@@ -124,9 +145,12 @@ class KoopmanSpectralShaping:
     def eigenvalues(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Rank-r whitened DMD eigenvalues, differentiable in the snapshots (float64, even under autocast)."""
         with torch.autocast(x.device.type, enabled=False):
-            return self._eigenvalues(x, y)
+            A = self.operator(x, y)
+            jitter = 1e-9 * torch.randn(A.shape[0], generator=self.generator, dtype=A.dtype).to(A.device)
+            return torch.linalg.eigvals(A + torch.diag(jitter))
 
-    def _eigenvalues(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def operator(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The rank-r whitened DMD operator (r x r, float64), differentiable in the snapshots."""
         X = x.reshape(-1, x.shape[-1]).to(torch.float64)
         Y = y.reshape(-1, y.shape[-1]).to(torch.float64)
         if X.shape[0] > self.max_tokens:
@@ -140,11 +164,9 @@ class KoopmanSpectralShaping:
         scale = float(Xc.detach().square().mean()) * Xc.shape[1] / (Xc.shape[1] - 1)
         W = subspace_whitening(Xc, self.rank, self.eps * scale)
         A = fit_operator(W @ Xc, W @ Yc)  # differentiable through Xc and Yc
-        r = A.shape[0]
         if A.requires_grad:
             A.register_hook(self._clean_gradient)
-        jitter = 1e-9 * torch.randn(r, generator=self.generator, dtype=A.dtype).to(A.device)
-        return torch.linalg.eigvals(A + torch.diag(jitter))
+        return A
 
     def _clean_gradient(self, grad: torch.Tensor) -> torch.Tensor:
         grad = torch.nan_to_num(grad, nan=0.0, posinf=0.0, neginf=0.0)
@@ -154,5 +176,6 @@ class KoopmanSpectralShaping:
     def __repr__(self) -> str:
         return (
             f"KoopmanSpectralShaping(alpha={self.alpha}, every={self.every}, fraction={self.fraction}, "
-            f"rank={self.rank}, beta={self.beta}, gamma={self.gamma}, layers={len(self.blocks)})"
+            f"rank={self.rank}, beta={self.beta}, gamma={self.gamma}, layers={len(self.blocks)}, "
+            f"variant={self.variant!r})"
         )

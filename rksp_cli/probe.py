@@ -146,7 +146,8 @@ def probe(
 
     kss = None
     if train.kss_alpha:
-        kss = KoopmanSpectralShaping(subject.blocks, alpha=train.kss_alpha, every=train.kss_every, seed=spec.probe.seed)
+        settings = {"alpha": train.kss_alpha, "every": train.kss_every, "variant": train.kss_variant}
+        kss = KoopmanSpectralShaping(subject.blocks, seed=spec.probe.seed, **settings)
     watcher = watch(model, optimizer, schedule) if watch is not None else None
     alerts: list[Any] = []
     model.train()

@@ -42,6 +42,7 @@ ADDED_LATER = {
     ("model", "qk_norm"): False,
     ("model", "sigma_reparam"): False,
     ("training", "z_loss"): 0.0,
+    ("training", "kss_variant"): "paper",
     ("training", "track_every"): 0,
 }
 
@@ -125,6 +126,7 @@ class TrainingSpec(_Section):
     diverge_grad_norm: Annotated[float, Field(gt=0)] = 500.0
     kss_alpha: Annotated[float, Field(ge=0)] = 0.0  # rksp probe: Koopman Spectral Shaping weight; 0 = off
     kss_every: Annotated[int, Field(ge=1)] = 10  # rksp probe: KSS interval in steps
+    kss_variant: Literal["paper", "growth"] = "paper"  # rksp probe: the published KSS, or its operator-norm form
     z_loss: Annotated[float, Field(ge=0)] = 0.0  # rksp probe: PaLM's z-loss weight on log(Z)^2 (1e-4 there); 0 = off
     track_every: Annotated[int, Field(ge=0)] = 0  # rksp probe: screen the spectra every N steps of training; 0 = off
 

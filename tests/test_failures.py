@@ -244,3 +244,22 @@ def test_lightning_callback_logs_metrics_to_the_trainer_and_can_stop_on_an_alarm
                          enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)  # fmt: skip
     stopper.on_before_optimizer_step(trainer, Module(), None)
     assert trainer.should_stop and stopper.alerts
+
+
+def test_output_logits_alarm_when_log_z_keeps_running_away_and_not_when_it_settles():
+    def alarms(scale_per_check: float) -> list[Alert]:
+        torch.manual_seed(0)
+        model = GPT(GPTConfig(n_layers=1))
+        monitor = OutputLogits(model.head)
+        ids = torch.randint(0, 103, (2, 16))
+        found = []
+        with torch.no_grad():
+            for step in range(20):
+                model(ids)
+                found += monitor.check(step)[1]
+                model.head.weight.mul_(scale_per_check)
+        return found
+
+    running = alarms(1.5)  # the logits' scale, and so log Z, grows 1.5x a check
+    assert running and running[0].monitor == "output_logits" and running[0].value >= 10
+    assert alarms(1.0) == []
