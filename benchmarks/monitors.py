@@ -15,7 +15,9 @@ controls, beside the controls' own seed-to-seed spread.
 Each run is saved as JSON under benchmarks/results/monitors/ as it finishes, so a rerun resumes.
 Writes benchmarks/results/monitors.json and prints Markdown.
 Run: python benchmarks/monitors.py [--seeds 6] [--workers 2] [--policies skip,backoff,rollback]
-(make bench-monitors; about 8 minutes per failure and policy on 2 cores).
+(make bench-monitors; about 8 minutes per failure and policy on 2 cores). The alarm rules of
+``attention_logits`` and ``output_logits`` were chosen on seeds 0-5; ``--first-seed 6 --policies ''
+--out benchmarks/results/monitors-heldout.json`` is the held-out check.
 """
 
 from __future__ import annotations
@@ -76,7 +78,8 @@ def run_all(jobs: list[Job], workers: int) -> list[WatchedRun]:
 
 
 def actions(watched: list[WatchedRun], guarded: list[WatchedRun]) -> list[dict[str, Any]]:
-    """Per failure and policy: failing runs saved, and what the policy did to the controls' final loss."""
+    """Per failure and policy: failing runs saved (failed unguarded, did not *end* failed guarded),
+    and what the policy did to the controls' final loss."""
     plain = {(r.failure, r.kind, r.seed): r for r in watched}
     rows = []
     for failure, policy in dict.fromkeys((r.failure, r.policy) for r in guarded):
@@ -87,9 +90,10 @@ def actions(watched: list[WatchedRun], guarded: list[WatchedRun]) -> list[dict[s
         rows.append({
             "failure": failure, "policy": policy,
             "failed_unguarded": sum(p.failed_step is not None for p, _ in failing),
-            "saved": sum(p.failed_step is not None and g.failed_step is None for p, g in failing),
-            "failed_guarded": sum(g.failed_step is not None for _, g in failing),
+            "saved": sum(p.failed_step is not None and not g.ended_failed for p, g in failing),
+            "failed_guarded": sum(g.ended_failed for _, g in failing),
             "failing_final_loss": statistics.median(g.final_loss for _, g in failing) if failing else None,
+            "control_final_loss": statistics.median(p.final_loss for p, _ in controls) if controls else None,
             "controls": len(controls), "controls_acted_on": sum(bool(g.actions) for _, g in controls),
             "control_final_loss_shift_max": max(shifts, key=abs) if shifts else None,
             "control_final_loss_sd": statistics.stdev(p.final_loss for p, _ in controls) if len(controls) > 1 else None,
@@ -122,14 +126,15 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 
 def actions_markdown(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| failure | policy | failing runs saved | still failed | controls acted on "
-        "| largest control final-loss change | controls' seed sd |",
-        "|---|---|---|---|---|---|---|",
+        "| failure | policy | failing runs saved | still failed | final loss, failing guarded / controls "
+        "| controls acted on | largest control final-loss change | controls' seed sd |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         shift, sd = r["control_final_loss_shift_max"], r["control_final_loss_sd"]
         lines.append(
             f"| {r['failure']} | {r['policy']} | {r['saved']}/{r['failed_unguarded']} | {r['failed_guarded']} "
+            f"| {r['failing_final_loss']:.2f} / {r['control_final_loss']:.2f} "
             f"| {r['controls_acted_on']}/{r['controls']} | {'-' if shift is None else f'{shift:+.3f}'} "
             f"| {'-' if sd is None else f'{sd:.3f}'} |"
         )
@@ -140,6 +145,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--failures", default=",".join(FAILURES), help="comma-separated names")
     parser.add_argument("--seeds", type=int, default=6, help="failing runs and controls per failure")
+    parser.add_argument(
+        "--first-seed", type=int, default=0, help="seeds first-seed.. (the alarm rules were chosen on 0-5)"
+    )
+    parser.add_argument("--out", type=Path, default=RESULTS, help="results JSON")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--policies", default=",".join(POLICIES), help="guard policies to measure; '' for none")
     args = parser.parse_args()
@@ -149,20 +158,22 @@ def main() -> None:
     policies = [p for p in args.policies.split(",") if p]
     if unknown := set(policies) - set(POLICIES):
         raise SystemExit(f"--policies: unknown {sorted(unknown)}; choose from {', '.join(POLICIES)}")
-    cells = [(n, k, s) for n in names for k in ("failing", "control") for s in range(args.seeds)]
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
+    cells = [(n, k, s) for n in names for k in ("failing", "control") for s in seeds]
     runs = run_all([(*c, None) for c in cells], args.workers)
     guarded = run_all([(*c, p) for p in policies for c in cells], args.workers) if policies else []
     rows = head_to_head(runs)
     results = {
         "machine": f"{_cpu()}, {THREADS} torch thread per run, {args.workers} runs at a time",
         "every": DEFAULT_EVERY,
+        "seeds": list(seeds),
         "base": BASE,
         "failures": {n: asdict(FAILURES[n]) for n in names},
         "runs": [_summary(r) for r in runs],
         "head_to_head": rows,
         "actions": actions(runs, guarded),
     }
-    with atomic_path(RESULTS) as tmp:
+    with atomic_path(args.out) as tmp:
         tmp.write_text(json.dumps(results, indent=1))
     print(markdown(rows))
     if results["actions"]:

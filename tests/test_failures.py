@@ -166,7 +166,7 @@ def _guarded(policy: str, alarms: list[int], steps: int = 30, **kwargs):
 def test_skip_policy_skips_exactly_the_alarmed_updates():
     guard, history = _guarded("skip", [7, 12])
     unchanged = [s for s, (before, after, _) in enumerate(history) if torch.equal(before, after)]
-    assert unchanged == [7, 12] and guard.actions == []
+    assert unchanged == [7, 12] and [a["step"] for a in guard.actions] == [7, 12]
     assert {lr for *_, lr in history} == {0.1}
 
 
@@ -263,3 +263,15 @@ def test_output_logits_alarm_when_log_z_keeps_running_away_and_not_when_it_settl
     running = alarms(1.5)  # the logits' scale, and so log Z, grows 1.5x a check
     assert running and running[0].monitor == "output_logits" and running[0].value >= 10
     assert alarms(1.0) == []
+
+
+def test_a_guarded_run_is_judged_on_how_it_ended():
+    curve = _curve(3.0, None, n=1300)
+    relearned = curve[:700] + curve[:1300]  # rolled back at step 700 to the state of step 0, learned again
+    late = curve[:700] + curve[:300]  # rolled back, and the run ended before it had learned again
+    runs = [_run("failing", {}, None, n=len(c)) for c in (relearned, late)]
+    for run, losses in zip(runs, (relearned, late), strict=True):
+        run.losses = losses
+    assert runs[0].failed_step is not None  # the jump back is a loss of progress when it happens...
+    assert not runs[0].ended_failed and runs[1].ended_failed  # ...and saved only if learned again by the end
+    assert _run("failing", {}, exploded=50).ended_failed

@@ -110,9 +110,23 @@ class WatchedRun:
 
     @property
     def failed_step(self) -> int | None:
+        """When the run first failed (exploded, or lost half its progress), or None."""
         lost = lost_step(self.losses)
         events = [s for s in (self.exploded_step, lost) if s is not None]
         return min(events) if events else None
+
+    @property
+    def ended_failed(self) -> bool:
+        """Whether the run *ended* failed: exploded, or its last ``WINDOW`` steps' mean loss has given
+        back half of its best progress. What a guard is judged on: a run it rolled back, or slowed,
+        and that learned again by the end is saved, however its loss moved on the way."""
+        if self.exploded_step is not None:
+            return True
+        if len(self.losses) <= WINDOW:
+            return False
+        means = [statistics.fmean(self.losses[t - WINDOW : t]) for t in range(WINDOW, len(self.losses) + 1, 10)]
+        progress = self.losses[0] - min(means)
+        return progress >= MIN_PROGRESS and self.losses[0] - means[-1] <= (1 - LOST) * progress
 
     def monitor_alarm(self, name: str) -> int | None:
         steps = [a.step for a in self.alerts if a.monitor == name and a.level == "alarm"]

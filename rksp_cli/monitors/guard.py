@@ -82,6 +82,8 @@ class Guard:
         alerts = self.monitor.step(step, loss)
         alarms = [a for a in alerts if a.level == "alarm"]
         self.skip_update = bool(alarms) and self.policy == "skip"
+        if self.skip_update:
+            self._record(step, "skip", "skipped this step's update", alarms)
         if alarms and self.policy in ("backoff", "rollback"):
             if self.policy == "rollback" and self.snapshots:
                 oldest = self.snapshots[0]
