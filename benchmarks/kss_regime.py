@@ -20,7 +20,9 @@ tracked every 50 steps (``training.track_every``) and KSS's own soft near-unit m
 the near-unit mass (the paper: 0.85 -> 0.58), and does the movement come before survival?
 
 Every probe runs through the sweep machinery (journals under benchmarks/results/kss/, so a rerun
-resumes). Writes benchmarks/results/kss.json and prints Markdown.
+resumes). Writes benchmarks/results/kss.json and prints Markdown; ``arms`` also writes
+rksp_cli/preventions.json, from which ``rksp screen`` recommends a prevention for a model of the
+regime's normalisation only when it measurably helped (``rksp_cli.risk.preventions``).
 Run: python benchmarks/kss_regime.py [regime|arms] (make bench-kss-regime)
 """
 
@@ -41,6 +43,7 @@ from rksp_cli.sweep import Point, run_sweep
 
 HERE = Path(__file__).parent / "results"
 RESULTS = HERE / "kss.json"
+PREVENTIONS = Path(__file__).parent.parent / "rksp_cli" / "preventions.json"  # what `rksp screen` recommends
 REGIME = {  # the paper's stress setting, as far as it names it
     "model": {"norm": "none", "d_model": 128, "n_layers": 4, "n_heads": 4, "seq_len": 64, "vocab_size": 256},
     "training": {"task": "assoc_recall", "warmup_steps": 100, "batch_size": 32, "steps": 1000},
@@ -178,6 +181,10 @@ def main() -> None:
         lrs = [float(x) for x in args.lrs.split(",")]
         results["arms"] = arms(args.workers, lrs, list(range(args.seeds)))
         results["arms_setting"] = {"base": REGIME, "lrs": lrs, "seeds": args.seeds}
+        shipped = {"source": "benchmarks/kss_regime.py arms", "setting": results["arms_setting"],
+                   "families": {REGIME["model"]["norm"]: results["arms"]}}  # fmt: skip
+        with atomic_path(PREVENTIONS) as tmp:
+            tmp.write_text(json.dumps(shipped, indent=1))
     with atomic_path(RESULTS) as tmp:
         tmp.write_text(json.dumps(results, indent=1))
     print(markdown(results))

@@ -23,18 +23,13 @@ from rksp_cli.koopman import DMDSettings, LayerSpectrum, aggregate, layer_featur
 from rksp_cli.models import BuildOptions, Subject, build_subject
 from rksp_cli.models.streaming import release_free_memory
 from rksp_cli.risk import RiskAssessment, RiskModel, default_risk_model
+from rksp_cli.risk.preventions import advice
 from rksp_cli.spec import ScreenSpec, flatten
 
 if TYPE_CHECKING:
     from rksp_cli.ladder import LadderFit
 
 ProgressCallback = Callable[[int, int], None]  # (layers done, layers total)
-
-KSS_ADVICE = (
-    "lower the learning rate below the edge, or try Koopman Spectral Shaping (rksp_cli.kss: alpha 0.15 "
-    "every 10 steps on half the layers; experimental: it did not reduce divergence in rksp's own "
-    "benchmark, so check it first with `rksp probe --kss`)"
-)
 
 
 @dataclass
@@ -193,7 +188,7 @@ def screen_subject(
     features = _features(first, subject, spec)
     risk = risk_model.assess(screen_row(spec, features))
     if risk.verdict == "high":
-        risk.notes.append(KSS_ADVICE)
+        risk.notes.append(advice(spec.model.norm if spec.model.arch == "gpt" else None))
     result = ScreenResult(spec, subject.summary, spectra, first.stream_rms, features, risk, timings, warnings)
     if repeats > 1:
         t = time.perf_counter()

@@ -172,11 +172,13 @@ def test_sweep_then_calibrate_then_screen_with_that_calibration(tmp_path):
     assert "lr_edge" in screen and "risk 0.2" in screen["reason"]
 
 
-def test_a_high_risk_screen_recommends_kss(write_yaml):
+def test_a_high_risk_screen_advises_only_what_the_shipped_benchmark_measured(write_yaml):
+    from rksp_cli.risk.preventions import advice
+
     path = write_yaml("model: {norm: none}\ntraining: {lr: 0.1}\nprobe: {tokens: 512}\n")
     data = json.loads(rksp("screen", path, "--json").stdout)
     assert data["verdict"] == "high"
-    assert any("Koopman Spectral Shaping" in note for note in data["risk_model"]["notes"])
+    assert advice("none") in data["risk_model"]["notes"]  # from rksp_cli/preventions.json, or "none measured"
 
 
 def test_moe_gpt_screens_and_is_flagged_outside_the_dense_calibration(write_yaml):
