@@ -42,7 +42,7 @@ from rksp_cli.monitors.faults import low_precision_attention
 from rksp_cli.monitors.guard import Guard
 from rksp_cli.monitors.spike_detectors import DETECTORS, first_alarm
 from rksp_cli.probe import probe
-from rksp_cli.spec import set_field, spec_from_dict
+from rksp_cli.spec import ScreenSpec, set_field, spec_from_dict
 
 WINDOW, MIN_PROGRESS, LOST = 100, 0.25, 0.5
 DEFAULT_EVERY = 50  # Monitor's default interval: overheads are quoted at it
@@ -62,7 +62,7 @@ class Failure:
     control: dict[str, Any]  # changes to BASE that keep it healthy
     low_precision_bits: int = 0  # > 0: attention with biased rounding to this many mantissa bits (faults.py)
 
-    def spec(self, kind: str, seed: int) -> Any:
+    def spec(self, kind: str, seed: int) -> ScreenSpec:
         raw = json.loads(json.dumps(BASE))
         for name, value in {**(self.failing if kind == "failing" else self.control), "probe.seed": seed}.items():
             set_field(raw, name, value)
@@ -101,7 +101,7 @@ class WatchedRun:
     exploded_step: int | None
     alerts: list[Alert]
     monitors: list[str]
-    step_seconds: float  # median training step, monitors excluded
+    step_seconds: float  # mean training step, monitors excluded
     check_seconds: dict[str, float]  # mean seconds per check, per monitor
     final_loss: float = math.nan
     policy: str | None = None  # the guard's action policy, None: watched only
