@@ -66,8 +66,8 @@ bench-faults: install
 	$(BIN)/python benchmarks/faults.py
 
 # Issue 16: the monitors and four spike detectors on natural slow failures and their controls
-# (6 seeds each, 3000 steps), then each guard policy on the same runs: about 8 minutes per failure
-# and policy on 2 cores, resumable (runs under benchmarks/results/monitors/).
+# (6 seeds each, 3000 steps), then each guard policy on the same runs: about 35 minutes in all
+# on 2 cores (96 runs of about a minute, two at a time), resumable (benchmarks/results/monitors/).
 bench-monitors: install
 	$(BIN)/python benchmarks/monitors.py
 

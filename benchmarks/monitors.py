@@ -15,7 +15,7 @@ controls, beside the controls' own seed-to-seed spread.
 Each run is saved as JSON under benchmarks/results/monitors/ as it finishes, so a rerun resumes.
 Writes benchmarks/results/monitors.json and prints Markdown.
 Run: python benchmarks/monitors.py [--seeds 6] [--workers 2] [--policies skip,backoff,rollback]
-(make bench-monitors; about 8 minutes per failure and policy on 2 cores). The alarm rules of
+(make bench-monitors; about 35 minutes on 2 cores: 96 runs, two at a time). The alarm rules of
 ``attention_logits`` and ``output_logits`` were chosen on seeds 0-5; ``--first-seed 6 --policies ''
 --out benchmarks/results/monitors-heldout.json`` is the held-out check.
 """

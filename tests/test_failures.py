@@ -275,3 +275,11 @@ def test_a_guarded_run_is_judged_on_how_it_ended():
     assert runs[0].failed_step is not None  # the jump back is a loss of progress when it happens...
     assert not runs[0].ended_failed and runs[1].ended_failed  # ...and saved only if learned again by the end
     assert _run("failing", {}, exploded=50).ended_failed
+
+
+def test_growth_alarm_fires_over_a_history_that_held_zeros():
+    from rksp_cli.monitors.base import GrowthAlarm
+
+    alarm = GrowthAlarm("m", "signal", level=10.0, lag=3, patience=1)
+    fired = [alarm.update(step, None, value) for step, value in enumerate([0.0, 0.0, 0.0, 20.0])]
+    assert fired[:3] == [None] * 3 and "infx" in fired[3].reason

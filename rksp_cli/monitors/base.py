@@ -172,8 +172,9 @@ class GrowthAlarm:
         growing = value >= self.level and value >= self.growth * low
         if not self.persistence.update(layer or "", growing):
             return None
+        ratio = value / low if low > 0 else math.inf  # a history that held a zero (log Z's first shift)
         reason = (
-            f"{self.what} {value:.3g} >= {self.level:g} and {value / low:.1f}x its low of the last {self.lag} "
+            f"{self.what} {value:.3g} >= {self.level:g} and {ratio:.1f}x its low of the last {self.lag} "
             f"checks, {self.patience} checks in a row"
         )
         return Alert(step, self.monitor, layer, value, self.level, "alarm", reason)
