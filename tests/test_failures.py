@@ -283,3 +283,37 @@ def test_growth_alarm_fires_over_a_history_that_held_zeros():
     alarm = GrowthAlarm("m", "signal", level=10.0, lag=3, patience=1)
     fired = [alarm.update(step, None, value) for step, value in enumerate([0.0, 0.0, 0.0, 20.0])]
     assert fired[:3] == [None] * 3 and "infx" in fired[3].reason
+
+
+def test_lightning_callback_backs_off_the_lr_through_the_trainer_s_scheduler(tmp_path, monkeypatch):
+    import pytorch_lightning as pl
+
+    from rksp_cli.monitors import Monitor
+    from rksp_cli.monitors.lightning import RkspMonitor
+
+    class Module(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.model = GPT(GPTConfig(n_layers=1))
+
+        def training_step(self, batch, batch_idx):
+            return self.model(batch[0], batch[0])[1]
+
+        def configure_optimizers(self):
+            optimizer = torch.optim.AdamW(self.parameters(), lr=1e-3)
+            schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+    real = Monitor.step
+    monkeypatch.setattr(Monitor, "step", lambda self, step, loss=None: real(self, step, loss) + (
+        [Alert(step, "fake", None, 1.0, 0.5, "alarm", "test")] if step == 2 else []))  # fmt: skip
+    torch.manual_seed(0)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randint(0, 103, (24, 16))), batch_size=4)
+    callback = RkspMonitor(every=1, policy="backoff")
+    trainer = pl.Trainer(max_steps=5, callbacks=[callback], logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)  # fmt: skip
+    trainer.fit(Module(), loader)
+    assert [a["action"] for a in callback.actions] == ["backoff"] and callback.actions[0]["step"] == 2
+    assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(5e-4)  # the scheduler kept the cut
+    with pytest.raises(ValueError, match="policy"):
+        RkspMonitor(policy="panic")
