@@ -14,6 +14,8 @@ HEADLINES: tuple[tuple[str, str, Callable[[list[float]], float]], ...] = (
     ("loss", "loss", max),
     ("spectral alignment: lowest sign entropy (bit)", "sa_entropy_min", min),
     ("attention QK-update entropy (lowest layer)", "qk_entropy_mean", min),
+    ("attention: largest logit (highest layer)", "attn_logit_max", max),
+    ("output log Z (mean over tokens)", "log_z_mean", max),
     ("router token entropy (lowest layer, nats)", "router_entropy", min),
     ("router expert similarity (highest layer)", "router_similarity", max),
     ("R-Metric", "r_metric", max),
