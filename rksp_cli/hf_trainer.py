@@ -63,12 +63,21 @@ class MonitorCallback(TrainerCallback):
     Trainer clips before this event, so the R-Metric sees clipped norms). Metrics go to the JSON-lines
     log, and into the Trainer's own logs, so TensorBoard, W&B and the rest report them: use
     ``attach_monitor``, which puts this callback ahead of the reporting ones.
+
+    ``policy`` (``rksp_cli.monitors.guard.POLICIES``) acts on alarms through a ``Guard`` on the
+    Trainer's optimizer and lr scheduler (``actions`` lists what it did). A callback cannot skip
+    the Trainer's optimizer step, so where the guard skips, the gradients are zeroed instead: Adam
+    then moves by its momentum alone, an approximation of a skip.
     """
 
-    def __init__(self, model: Any, **settings: Any):
+    def __init__(self, model: Any, policy: str | None = None, **settings: Any):
         from rksp_cli.monitors import Monitor
+        from rksp_cli.monitors.guard import POLICIES
 
+        if policy is not None and policy not in POLICIES:
+            raise ValueError(f"policy must be one of {', '.join(POLICIES)} or None, got {policy!r}")
         self.monitor = Monitor(model, **settings)
+        self.model, self.policy, self.guard = model, policy, None
         self.alerts: list = []
         self._loss: float | None = None
         self._latest: dict[str, float] = {}
@@ -79,9 +88,20 @@ class MonitorCallback(TrainerCallback):
         if module.training and loss is not None:
             self._loss = float(loss.detach())
 
+    @property
+    def actions(self) -> list[dict[str, Any]]:
+        return self.guard.actions if self.guard is not None else []
+
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        raised = self.monitor.step(state.global_step, loss=self._loss)
+        if self.policy is not None and self.guard is None:
+            from rksp_cli.monitors.guard import Guard
+
+            optimizer, scheduler = kwargs["optimizer"], kwargs.get("lr_scheduler")
+            self.guard = Guard(self.model, optimizer, self.policy, scheduler, self.monitor)
+        raised = (self.guard or self.monitor).step(state.global_step, loss=self._loss)
         self.alerts += raised
+        if self.guard is not None and self.guard.skip_update:
+            kwargs["optimizer"].zero_grad(set_to_none=False)  # the nearest a callback gets to skipping
         if state.global_step % self.monitor.every == 0:
             self._latest = {f"rksp/{k}": v for k, v in self.monitor.last_metrics.items()}
 
@@ -95,8 +115,8 @@ class MonitorCallback(TrainerCallback):
 
 
 def attach_monitor(trainer: Trainer, **settings: Any) -> MonitorCallback:
-    """Add rksp's monitors to ``trainer`` (settings as for ``Monitor``); returns the callback, whose
-    ``alerts`` collects every alert raised."""
+    """Add rksp's monitors to ``trainer`` (settings as for ``Monitor``, and ``policy`` to act on
+    alarms); returns the callback, whose ``alerts`` collects every alert raised."""
     callback = MonitorCallback(trainer.model, **settings)
     trainer.callback_handler.callbacks.insert(0, callback)  # before the reporters read the logs
     return callback

@@ -248,6 +248,29 @@ def test_trainer_callback_logs_monitor_metrics(tmp_path):
     assert callback.monitor.names == [*GPT_MONITORS, "r_metric"]  # a causal LM: its vocabulary head is found
 
 
+def test_trainer_callback_backs_off_the_lr_through_the_trainer_s_scheduler(tmp_path, monkeypatch):
+    from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
+
+    from rksp_cli.hf_trainer import attach_monitor
+    from rksp_cli.monitors.base import Alert
+
+    real = Monitor.step
+    monkeypatch.setattr(Monitor, "step", lambda self, step, loss=None: real(self, step, loss) + (
+        [Alert(step, "fake", None, 1.0, 0.5, "alarm", "test")] if step == 1 else []))  # fmt: skip
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(hf_config("llama"))
+    ids = torch.randint(0, 96, (16, 32), generator=torch.Generator().manual_seed(0))
+    args = TrainingArguments(
+        output_dir=str(tmp_path), max_steps=4, per_device_train_batch_size=4, report_to=[], learning_rate=1e-3,
+        lr_scheduler_type="constant", save_strategy="no", use_cpu=True, seed=0,
+    )  # fmt: skip
+    trainer = Trainer(model=model, args=args, train_dataset=[{"input_ids": r, "labels": r} for r in ids])
+    callback = attach_monitor(trainer, every=1, policy="backoff")
+    trainer.train()
+    assert [(a["step"], a["action"]) for a in callback.actions] == [(1, "backoff")]
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(5e-4)  # the constant schedule kept the cut
+
+
 def test_metrics_reach_tensorboard_and_an_active_wandb_run(monkeypatch):
     import types
 
