@@ -317,3 +317,19 @@ def test_lightning_callback_backs_off_the_lr_through_the_trainer_s_scheduler(tmp
     assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(5e-4)  # the scheduler kept the cut
     with pytest.raises(ValueError, match="policy"):
         RkspMonitor(policy="panic")
+
+
+def test_watch_run_trains_a_failure_s_spec_with_its_fault_and_guard():
+    from rksp_cli.monitors.failures import Failure, watch_run
+
+    short = {"training.steps": 30, "training.warmup_steps": 0, "model.n_layers": 1, "training.lr": 0.01}
+    failure = Failure("tiny", "test", failing=short, control=short, low_precision_bits=3)
+    failing = watch_run(failure, "failing", seed=0, every=5, policy="backoff")
+    control = watch_run(failure, "control", seed=0, every=5)
+    assert len(failing.losses) == len(control.losses) == 30 and failing.policy == "backoff"
+    assert failing.losses != control.losses  # the same spec: only the failing run's attention rounds
+    assert "attention_logits" in failing.monitors and set(failing.check_seconds) == set(failing.monitors)
+    assert failing.step_seconds > 0 and math.isfinite(failing.final_loss)
+    assert WatchedRun.from_dict(failing.as_dict()).first_alarms() == failing.first_alarms()
+    with pytest.raises(ValueError, match="kind"):
+        watch_run(failure, "clean", seed=0)
