@@ -211,10 +211,9 @@ def test_optimizer_hook_runs_the_monitors_after_every_step_and_reports_metrics()
     assert "attn_logit_max" in reported[-1][1] and math.isfinite(reported[-1][1]["r_metric"])
 
 
-def test_lightning_callback_logs_metrics_to_the_trainer_and_can_stop_on_an_alarm(tmp_path):
+def _lightning(tmp_path, callbacks: list, scheduled: bool = False):
+    """A tiny GPT in a LightningModule, its loader and a quiet 5-step Trainer."""
     import pytorch_lightning as pl  # in the dev extra, so never skipped
-
-    from rksp_cli.monitors.lightning import RkspMonitor
 
     class Module(pl.LightningModule):
         def __init__(self):
@@ -225,14 +224,24 @@ def test_lightning_callback_logs_metrics_to_the_trainer_and_can_stop_on_an_alarm
             return self.model(batch[0], batch[0])[1]
 
         def configure_optimizers(self):
-            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+            optimizer = torch.optim.AdamW(self.parameters(), lr=1e-3)
+            if not scheduled:
+                return optimizer
+            schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
     torch.manual_seed(0)
     data = torch.utils.data.TensorDataset(torch.randint(0, 103, (24, 16)))
-    loader = torch.utils.data.DataLoader(data, batch_size=4)
-    callback = RkspMonitor(every=2)
-    trainer = pl.Trainer(max_steps=5, callbacks=[callback], logger=False, enable_checkpointing=False,
+    trainer = pl.Trainer(max_steps=5, callbacks=callbacks, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)  # fmt: skip
+    return Module, torch.utils.data.DataLoader(data, batch_size=4), trainer
+
+
+def test_lightning_callback_logs_metrics_to_the_trainer_and_can_stop_on_an_alarm(tmp_path):
+    from rksp_cli.monitors.lightning import RkspMonitor
+
+    callback = RkspMonitor(every=2)
+    Module, loader, trainer = _lightning(tmp_path, [callback])
     trainer.fit(Module(), loader)
     assert "rksp/attn_logit_max" in trainer.callback_metrics and "rksp/r_metric" in trainer.callback_metrics
     assert "spectral_alignment" in callback.monitor.names  # found the GPT inside the LightningModule
@@ -240,8 +249,7 @@ def test_lightning_callback_logs_metrics_to_the_trainer_and_can_stop_on_an_alarm
     stopper = RkspMonitor(every=1, stop_on_alarm=True)
     stopper.on_fit_start(None, Module())
     stopper.monitor.step = lambda step, loss: [Alert(step, "fake", None, 1.0, 0.5, "alarm", "test")]
-    trainer = pl.Trainer(max_steps=5, callbacks=[], logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)  # fmt: skip
+    _, _, trainer = _lightning(tmp_path, [])
     stopper.on_before_optimizer_step(trainer, Module(), None)
     assert trainer.should_stop and stopper.alerts
 
@@ -286,32 +294,14 @@ def test_growth_alarm_fires_over_a_history_that_held_zeros():
 
 
 def test_lightning_callback_backs_off_the_lr_through_the_trainer_s_scheduler(tmp_path, monkeypatch):
-    import pytorch_lightning as pl
-
     from rksp_cli.monitors import Monitor
     from rksp_cli.monitors.lightning import RkspMonitor
-
-    class Module(pl.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.model = GPT(GPTConfig(n_layers=1))
-
-        def training_step(self, batch, batch_idx):
-            return self.model(batch[0], batch[0])[1]
-
-        def configure_optimizers(self):
-            optimizer = torch.optim.AdamW(self.parameters(), lr=1e-3)
-            schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
-            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
     real = Monitor.step
     monkeypatch.setattr(Monitor, "step", lambda self, step, loss=None: real(self, step, loss) + (
         [Alert(step, "fake", None, 1.0, 0.5, "alarm", "test")] if step == 2 else []))  # fmt: skip
-    torch.manual_seed(0)
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randint(0, 103, (24, 16))), batch_size=4)
     callback = RkspMonitor(every=1, policy="backoff")
-    trainer = pl.Trainer(max_steps=5, callbacks=[callback], logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)  # fmt: skip
+    Module, loader, trainer = _lightning(tmp_path, [callback], scheduled=True)
     trainer.fit(Module(), loader)
     assert [a["action"] for a in callback.actions] == ["backoff"] and callback.actions[0]["step"] == 2
     assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(5e-4)  # the scheduler kept the cut
