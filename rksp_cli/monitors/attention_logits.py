@@ -13,8 +13,9 @@ Alarm (``GrowthAlarm``; our choice, not a paper's): a layer's largest logit is a
 ``SATURATED`` = 50 and at least 2x the smallest of its last 10 checks, on 3 consecutive checks.
 A logit 50 above the others weighs them by e^-50, below float32's resolution, so the softmax is
 one-hot between those states; the growth condition keeps quiet a model that learned sharp
-attention and holds it there. A drift score was tried first and never alarmed on the natural
-failure: the logits grow steadily, and a steady trend never stands out against its own history.
+attention and holds it there. A drift score was tried first: on the natural failure it alarmed
+late (step 1410 at lr 0.1, after a thousand steps of growth) or never (lr 0.03), since steady
+growth hardly stands out against its own recent history.
 
 Cost per check and layer: the queries and keys of up to ``tokens`` sampled inputs (one projection)
 and an (heads x tokens x tokens) product.

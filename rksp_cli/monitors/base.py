@@ -154,9 +154,9 @@ class GrowthAlarm:
     ``patience`` consecutive checks; no alarm before ``lag`` checks exist (the warm-up).
 
     For failures that develop as steady growth (attention logits, the output's log-partition
-    function): a drift score misses them, since a steady trend never stands out against its own
-    recent history, and a level alone cannot tell a model that grew once and holds from one that
-    keeps growing.
+    function): a drift score catches them late or not at all, since a steady trend hardly stands
+    out against its own recent history, and a level alone cannot tell a model that grew once and
+    holds from one that keeps growing.
     """
 
     def __init__(self, monitor: str, what: str, level: float, growth: float = 2.0, lag: int = 10, patience: int = 3):
