@@ -72,10 +72,9 @@ class MonitorCallback(TrainerCallback):
 
     def __init__(self, model: Any, policy: str | None = None, **settings: Any):
         from rksp_cli.monitors import Monitor
-        from rksp_cli.monitors.guard import POLICIES
+        from rksp_cli.monitors.guard import check_policy
 
-        if policy is not None and policy not in POLICIES:
-            raise ValueError(f"policy must be one of {', '.join(POLICIES)} or None, got {policy!r}")
+        check_policy(policy)
         self.monitor = Monitor(model, **settings)
         self.model, self.policy, self.guard = model, policy, None
         self.alerts: list = []

@@ -138,7 +138,7 @@ class _Alarms:
         return [Alert(step, "fake", None, 1.0, 0.5, "alarm", "test")] if step in self.steps else []
 
     def remove(self):
-        pass
+        """No hooks to detach."""
 
 
 def _guarded(policy: str, alarms: list[int], steps: int = 30, **kwargs):

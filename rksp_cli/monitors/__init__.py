@@ -91,7 +91,7 @@ class Monitor:
         if "spectral_alignment" in wanted:
             prefix, blocks = residual_blocks(model)
             self.monitors.append(SpectralAlignment(blocks, prefix, seed=seed))
-        sites = find_attention(model)
+        sites = find_attention(model) if wanted & {"attention_entropy", "attention_logits"} else []
         if "attention_entropy" in wanted and sites:
             self.monitors.append(AttentionSpectralEntropy(sites))
         if "attention_logits" in wanted and sites:

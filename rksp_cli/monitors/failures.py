@@ -25,7 +25,7 @@ false alarm. Detectors are replayed on the recorded losses and pre-clip gradient
 
 from __future__ import annotations
 
-import json
+import copy
 import math
 import statistics
 import time
@@ -63,7 +63,7 @@ class Failure:
     low_precision_bits: int = 0  # > 0: attention with biased rounding to this many mantissa bits (faults.py)
 
     def spec(self, kind: str, seed: int) -> ScreenSpec:
-        raw = json.loads(json.dumps(BASE))
+        raw = copy.deepcopy(BASE)
         for name, value in {**(self.failing if kind == "failing" else self.control), "probe.seed": seed}.items():
             set_field(raw, name, value)
         return spec_from_dict(raw, source=f"failure {self.name} ({kind})")
@@ -125,8 +125,7 @@ class WatchedRun:
         if len(self.losses) <= WINDOW:
             return False
         means = [statistics.fmean(self.losses[t - WINDOW : t]) for t in range(WINDOW, len(self.losses) + 1, 10)]
-        progress = self.losses[0] - min(means)
-        return progress >= MIN_PROGRESS and self.losses[0] - means[-1] <= (1 - LOST) * progress
+        return gave_back(self.losses[0], min(means), means[-1])
 
     def monitor_alarm(self, name: str) -> int | None:
         steps = [a.step for a in self.alerts if a.monitor == name and a.level == "alarm"]
@@ -150,6 +149,13 @@ class WatchedRun:
         return cls(**{**data, "alerts": [Alert(**a) for a in data["alerts"]]})
 
 
+def gave_back(start: float, best: float, mean: float) -> bool:
+    """A mean loss that has given back ``LOST`` of the best progress below ``start``, once that
+    progress reached ``MIN_PROGRESS`` nats."""
+    progress = start - best
+    return progress >= MIN_PROGRESS and start - mean <= (1 - LOST) * progress
+
+
 def lost_step(losses: list[float], window: int = WINDOW) -> int | None:
     """First step at which the trailing mean loss has given back ``LOST`` of its progress below the
     loss at step 0, once that progress reached ``MIN_PROGRESS`` nats; None if it never did."""
@@ -163,8 +169,7 @@ def lost_step(losses: list[float], window: int = WINDOW) -> int | None:
         if not math.isfinite(mean):
             return None  # an explosion, which the probe's label reports
         best = min(best, mean)
-        progress = start - best
-        if progress >= MIN_PROGRESS and start - mean <= (1 - LOST) * progress:
+        if gave_back(start, best, mean):
             return t
     return None
 

@@ -42,6 +42,12 @@ from rksp_cli.monitors.base import Alert
 POLICIES = ("skip", "backoff", "rollback")
 
 
+def check_policy(policy: str | None, optional: bool = True) -> None:
+    """Refuse an unknown policy (None too, unless ``optional``): callbacks check before they build a Guard."""
+    if (policy is None and not optional) or (policy is not None and policy not in POLICIES):
+        raise ValueError(f"policy must be one of {', '.join(POLICIES)}{' or None' if optional else ''}, got {policy!r}")
+
+
 class Guard:
     def __init__(
         self,
@@ -56,8 +62,7 @@ class Guard:
         snapshot_every: int | None = None,
     ):
         """``monitor``: the monitors whose alarms act (default: ``Monitor(model, every=every)``)."""
-        if policy not in POLICIES:
-            raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}")
+        check_policy(policy, optional=False)
         if not 0 < factor < 1 or not 0 < floor <= 1:
             raise ValueError(f"factor must be in (0, 1) and floor in (0, 1], got {factor} and {floor}")
         self.model, self.optimizer, self.scheduler, self.policy = model, optimizer, scheduler, policy

@@ -30,14 +30,13 @@ except ImportError:  # the standalone package
 
 from rksp_cli.monitors import Monitor
 from rksp_cli.monitors.base import Alert
-from rksp_cli.monitors.guard import POLICIES, Guard
+from rksp_cli.monitors.guard import Guard, check_policy
 
 
 class RkspMonitor(Callback):
     def __init__(self, stop_on_alarm: bool = False, policy: str | None = None, **settings: Any):
         """``settings``: as for ``Monitor`` (``every``, ``log``, ``monitors``, ...)."""
-        if policy is not None and policy not in POLICIES:
-            raise ValueError(f"policy must be one of {', '.join(POLICIES)} or None, got {policy!r}")
+        check_policy(policy)
         self.settings, self.stop_on_alarm, self.policy = settings, stop_on_alarm, policy
         self.monitor: Monitor | None = None
         self.guard: Guard | None = None
