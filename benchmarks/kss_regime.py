@@ -20,7 +20,8 @@ tracked every 50 steps (``training.track_every``) and KSS's own soft near-unit m
 the near-unit mass (the paper: 0.85 -> 0.58), and does the movement come before survival?
 
 Every probe runs through the sweep machinery (journals under benchmarks/results/kss/, so a rerun
-resumes). Writes benchmarks/results/kss.json and prints Markdown; ``arms`` also writes
+resumes; each completed arm is kept as benchmarks/results/kss/arms/<arm>.parquet, and the results
+cover the arms completed so far). Writes benchmarks/results/kss.json and prints Markdown; ``arms`` also writes
 rksp_cli/preventions.json, from which ``rksp screen`` recommends a prevention for a model of the
 regime's normalisation only when it measurably helped (``rksp_cli.risk.preventions``).
 Run: python benchmarks/kss_regime.py [regime|arms] (make bench-kss-regime)
@@ -76,8 +77,9 @@ def _point(lr: float, seed: int, changes: dict[str, Any]) -> Point:
 
 
 def _run(points: list[Point], name: str, workers: int) -> pd.DataFrame:
-    (HERE / "kss").mkdir(parents=True, exist_ok=True)
-    frame = run_sweep(points, HERE / "kss" / f"{name}.parquet", probe=True, workers=workers)
+    out = HERE / "kss" / f"{name}.parquet"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    frame = run_sweep(points, out, probe=True, workers=workers)
     failed = frame["error"].notna().sum()
     if failed:
         raise SystemExit(f"{failed} probes failed; see benchmarks/results/kss/{name}.parquet")
@@ -109,19 +111,32 @@ def regime(workers: int) -> list[dict[str, Any]]:
     return rows
 
 
-def arms(workers: int, lrs: list[float], seeds: list[int]) -> list[dict[str, Any]]:
-    points = {(arm, lr, s): _point(lr, s, changes) for arm, changes in ARMS.items() for lr in lrs for s in seeds}
-    frame = _run(list(points.values()), "arms", workers)
+def arms(workers: int, lrs: list[float], seeds: list[int], only: list[str] | None = None) -> list[dict[str, Any]]:
+    """Each arm is its own sweep, exported to benchmarks/results/kss/arms/<arm>.parquet (tracked) when
+    it completes, so an interrupted benchmark loses at most the arm in progress. Rows come from every
+    completed arm on disk with this setting, not only those run now; ``only`` runs a subset."""
+    for arm in only or ARMS:
+        _run([_point(lr, s, ARMS[arm]) for lr in lrs for s in seeds], f"arms/{_slug(arm)}", workers)
     rows = []
-    for arm in ARMS:
-        keys = {points[(arm, lr, s)].key for lr in lrs for s in seeds}
-        rows.append({"arm": arm, **_summary(frame[frame["key"].isin(keys)])})
+    for arm, changes in ARMS.items():
+        path = HERE / "kss" / "arms" / f"{_slug(arm)}.parquet"
+        keys = {_point(lr, s, changes).key for lr in lrs for s in seeds}
+        done = pd.read_parquet(path) if path.is_file() else None
+        if done is None or not keys <= set(done["key"]):
+            continue  # not run (completely) at this setting
+        rows.append({"arm": arm, **_summary(done[done["key"].isin(keys)])})
+    if not rows or rows[0]["arm"] != "baseline":
+        raise SystemExit("the baseline arm has not been run at this setting; run it first (--arms baseline)")
     base = rows[0]
     for row in rows:
         table = [[row["diverged"], row["runs"] - row["diverged"]], [base["diverged"], base["runs"] - base["diverged"]]]
         row["fisher_p"] = float(fisher_exact(table)[1])
         row["time_ratio"] = row["ms_per_step"] / base["ms_per_step"]
     return rows
+
+
+def _slug(arm: str) -> str:
+    return arm.replace(" ", "_").replace(".", "")
 
 
 def mechanism(workers: int) -> list[dict[str, Any]]:
@@ -171,6 +186,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--lrs", default="0.0035,0.004,0.0045", help="arms: lrs (comma-separated)")
     parser.add_argument("--seeds", type=int, default=8, help="arms: seeds per lr")
+    parser.add_argument("--arms", default="", help=f"arms: a subset, comma-separated ({', '.join(ARMS)})")
     args = parser.parse_args()
     results = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
     if args.part == "regime":
@@ -179,7 +195,11 @@ def main() -> None:
         results["mechanism"] = mechanism(args.workers)
     else:
         lrs = [float(x) for x in args.lrs.split(",")]
-        results["arms"] = arms(args.workers, lrs, list(range(args.seeds)))
+        only = [a.strip() for a in args.arms.split(",") if a.strip()] or None
+        unknown = sorted(set(only or []) - set(ARMS))
+        if unknown:
+            parser.error(f"--arms: unknown arm(s) {', '.join(unknown)}; choose from {', '.join(ARMS)}")
+        results["arms"] = arms(args.workers, lrs, list(range(args.seeds)), only)
         results["arms_setting"] = {"base": REGIME, "lrs": lrs, "seeds": args.seeds}
         shipped = {"source": "benchmarks/kss_regime.py arms", "setting": results["arms_setting"],
                    "families": {REGIME["model"]["norm"]: results["arms"]}}  # fmt: skip

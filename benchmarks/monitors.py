@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from machine import cpu_model
 
 from rksp_cli.files import atomic_path
 from rksp_cli.monitors.failures import BASE, DEFAULT_EVERY, FAILURES, WatchedRun, head_to_head, watch_run
@@ -41,13 +41,6 @@ HERE = Path(__file__).parent / "results"
 RUNS = HERE / "monitors"
 RESULTS = HERE / "monitors.json"
 THREADS = 1  # per run, two runs at once on two cores: a second thread per run only contends
-
-
-def _cpu() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").is_file() else []:
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
 
 
 Job = tuple[str, str, int, str | None]  # failure, kind, seed, policy
@@ -164,7 +157,7 @@ def main() -> None:
     guarded = run_all([(*c, p) for p in policies for c in cells], args.workers) if policies else []
     rows = head_to_head(runs)
     results = {
-        "machine": f"{_cpu()}, {THREADS} torch thread per run, {args.workers} runs at a time",
+        "machine": f"{cpu_model()}, {THREADS} torch thread per run, {args.workers} runs at a time",
         "every": DEFAULT_EVERY,
         "seeds": list(seeds),
         "base": BASE,

@@ -56,6 +56,10 @@ class DMDSettings:
     residual_tol: float | None = None
     residual_eps: float = 1e-12  # design choice: denominator guard in the ResDMD residual
     eta_eps: float = 1e-8  # design choice: denominator guard in eta_nl
+    # kappa(V) needs the eigenvectors and an SVD of them: 2.7x the cost of the eigenvalues alone at
+    # r = 768 and 3.3x at r = 2047 (AMD EPYC, 2 threads), and the risk model does not read it. Off by
+    # default (design choice, issue 13's cost bar); NaN when off.
+    kappa: bool = False
     degenerate_tol: float = 1e-3  # design choice: ||Y~ - X~|| / ||X~|| below this is "identity"
 
 
@@ -66,7 +70,7 @@ class LayerSpectrum:
     eigenvalues: torch.Tensor  # complex128, every eigenvalue before the ResDMD filter
     kept: torch.Tensor  # bool mask: survivors of the ResDMD filter
     spectral_radius: float  # over all eigenvalues, before filtering (design choice)
-    kappa: float  # condition number of the unit-norm eigenvector matrix, before filtering
+    kappa: float  # condition number of the unit-norm eigenvector matrix, before filtering; NaN if not computed
     eta_nl: float  # ||Y~ - A X~||_F / ||Y~ - X~||_F: how far the transition is from linear
     update_ratio: float  # ||Y~ - X~||_F / ||X~||_F: the size of the block's update
     expansive_mass: float
@@ -215,23 +219,32 @@ def fit_operator(Xw: torch.Tensor, Yw: torch.Tensor) -> torch.Tensor:
 def _analyse(
     A: torch.Tensor, Xw: torch.Tensor, Yw: torch.Tensor, settings: DMDSettings, name: str, rank: int
 ) -> LayerSpectrum:
-    """Eigenvalues, kappa(V), ResDMD filter, eta_nl and masses of an operator of ``rank`` fitted to (Xw, Yw)."""
-    lam, V = torch.linalg.eig(A)
-    V = V / torch.linalg.vector_norm(V, dim=0, keepdim=True)
-    notes: list[str] = []
-    left = None
-    try:
-        kappa = float(torch.linalg.cond(V))
-        if settings.residual_tol is not None:  # only the ResDMD filter needs the left eigenvectors
-            left = torch.linalg.inv(V)  # row j is u_j^* with u_j^* A = lambda_j u_j^*
-    except RuntimeError:  # defective operator: the eigenvectors do not span
-        left, kappa = None, math.inf
-        notes.append("eigenvector matrix is singular (defective operator)")
+    """Eigenvalues, kappa(V), ResDMD filter, eta_nl and masses of an operator of ``rank`` fitted to (Xw, Yw).
 
-    fit_error = Yw - A @ Xw
+    Eigenvectors are computed only when kappa(V) or the ResDMD filter needs them.
+    """
+    notes: list[str] = []
+    kappa, left = math.nan, None
+    if settings.kappa or settings.residual_tol is not None:
+        lam, V = torch.linalg.eig(A)
+        V = V / torch.linalg.vector_norm(V, dim=0, keepdim=True)
+        try:
+            if settings.kappa:
+                kappa = float(torch.linalg.cond(V))
+            if settings.residual_tol is not None:  # only the ResDMD filter needs the left eigenvectors
+                left = torch.linalg.inv(V)  # row j is u_j^* with u_j^* A = lambda_j u_j^*
+        except RuntimeError:  # defective operator: the eigenvectors do not span
+            left, kappa = None, math.inf
+            notes.append("eigenvector matrix is singular (defective operator)")
+    else:
+        lam = torch.linalg.eigvals(A)
+
+    n = Xw.shape[1]
+    # the residual is needed for eta_nl (defined while the fit leaves degrees of freedom) and the filter
+    fit_error = Yw - A @ Xw if n - 1 - rank > 0 or left is not None else None
     kept = torch.ones_like(lam, dtype=torch.bool)
     fallback = False
-    if settings.residual_tol is not None and left is not None:
+    if settings.residual_tol is not None and left is not None and fit_error is not None:
         # u*(Y - lambda X) = u*(Y - A X) because u*A = lambda u*, so each residual is a quadratic form
         # in two r x r Gram matrices: O(r^2 N + r^3) instead of two complex r x r x N products.
         num = _quadratic_norms(left, fit_error @ fit_error.T)
@@ -248,7 +261,7 @@ def _analyse(
         kept=kept,
         spectral_radius=float(lam.abs().max()) if lam.numel() else float("nan"),
         kappa=kappa,
-        eta_nl=_eta(fit_error, Yw - Xw, settings.eta_eps, rank),
+        eta_nl=_eta(fit_error, Yw - Xw, settings.eta_eps, rank) if fit_error is not None else math.nan,
         update_ratio=update_ratio,
         degenerate=update_ratio < settings.degenerate_tol,
         filter_fallback=fallback,
@@ -338,11 +351,15 @@ def aggregate(spectra: list[LayerSpectrum]) -> dict[str, float]:
     """Mean, max, min and std over depth of each layer feature, degenerate layers excluded.
 
     The std is the population std (a 1-layer model has std 0). With no assessable layer every
-    aggregate is NaN; callers decide what that means.
+    aggregate is NaN; callers decide what that means. kappa's aggregates are absent when it was not
+    computed.
     """
     rows = [layer_features(s) for s in spectra if not s.degenerate]
+    names = LAYER_FEATURES
+    if all(math.isnan(s.kappa) for s in spectra):  # not computed (DMDSettings.kappa): no kappa features
+        names = tuple(n for n in names if "kappa" not in n)
     out: dict[str, float] = {}
-    for name in LAYER_FEATURES:
+    for name in names:
         vals = torch.tensor([r[name] for r in rows], dtype=torch.float64)
         vals = vals[torch.isfinite(vals)]
         if vals.numel() == 0:

@@ -63,16 +63,19 @@ def render(result: ScreenResult, console: Console) -> None:
     title = f"{model.get('architecture', '?')}  ·  {n_layers} blocks  ·  d={d_model}"
     table = Table(title=title, title_justify="left", show_footer=True, header_style="bold")
     table.add_column("layer", footer="mean", justify="right")
-    for key, header in _COLUMNS:
+    rows = result.layer_rows()
+    # kappa(V) is computed only with probe.kappa: no column of dashes otherwise
+    columns = [(key, header) for key, header in _COLUMNS if key != "kappa" or any(not math.isnan(r[key]) for r in rows)]
+    for key, header in columns:
         table.add_column(header, footer=fmt(result.features.get(f"{key}_mean")), justify="right")
     table.add_column("kept", justify="right")
-    for row in result.layer_rows():
+    for row in rows:
         kept = f"{row['n_kept']}/{row['n_eigenvalues']}" + ("*" if row["filter_fallback"] else "")
         if row["degenerate"]:
             kept = "identity"
-        cells = [fmt(row[key]) for key, _ in _COLUMNS]
+        cells = [fmt(row[key]) for key, _ in columns]
         table.add_row(str(row["layer"]), *cells, kept, style="dim" if row["degenerate"] else None)
-    if any(row["filter_fallback"] for row in result.layer_rows()):
+    if any(row["filter_fallback"] for row in rows):
         table.caption = "* the ResDMD filter kept nothing; all eigenvalues used"
     console.print(table)
 

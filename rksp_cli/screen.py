@@ -166,7 +166,7 @@ def screen_subject(
     """
     risk_model = risk_model or default_risk_model()
     timings = dict(timings or {})
-    settings = DMDSettings(rank=spec.probe.rank, residual_tol=spec.probe.residual_tol)
+    settings = DMDSettings(rank=spec.probe.rank, residual_tol=spec.probe.residual_tol, kappa=spec.probe.kappa)
     t = time.perf_counter()
     first = _measure(subject, spec, spec.probe.seed, settings, device, on_layer)
     timings["dmd"] = sum(first.dmd_seconds)
@@ -289,12 +289,15 @@ def _spread(features: list[dict[str, float]], risks: list[RiskAssessment]) -> di
         finite = [v for v in values if v is not None and math.isfinite(v)]
         return [min(finite), max(finite)] if len(finite) == len(values) else None
 
+    columns = {name: [f.get(name) for f in features] for name in SPREAD_FEATURES}
+    # a feature computed in no sample (kappa without probe.kappa) is left out, not reported as unresolved
+    measured = {n: v for n, v in columns.items() if any(x is not None and not math.isnan(x) for x in v)}
     return {
         "samples": len(features),
         "risk": span([r.risk for r in risks]),
         "gated": span([r.gated[0] for r in risks]),  # what --fail-above compares, per sample
         "lr_edge": span([r.lr_edge for r in risks]),
-        "features": {name: span([f.get(name) for f in features]) for name in SPREAD_FEATURES},
+        "features": {name: span(values) for name, values in measured.items()},
     }
 
 
@@ -335,7 +338,7 @@ def _warnings(spectra: list[LayerSpectrum], d: int, n_tokens: int, distinct: int
             f"full DMD on {distinct} token states for d={d} has {d - distinct + 1} structural zero "
             f"eigenvalues: near-unit mass is capped at {(distinct - 1) / d:.2f}; prefer rank: auto"
         )
-    defective = [i for i, s in enumerate(spectra) if not s.degenerate and not math.isfinite(s.kappa)]
+    defective = [i for i, s in enumerate(spectra) if not s.degenerate and math.isinf(s.kappa)]
     if defective:
         out.append(
             f"κ(V) is infinite (a defective operator: its eigenvectors do not span) in layer(s) {defective}; "

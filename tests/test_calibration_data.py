@@ -47,13 +47,22 @@ def test_shipped_features_are_what_the_current_estimator_measures(runs, index):
     row = runs.iloc[index]
     for name in ESTIMATOR_FIELDS:  # the runs were re-screened with today's estimator defaults
         assert _same(row[f"config.probe.{name}"], spec_from_dict({}).probe.model_dump()[name])
-    features = screen(spec_from_dict(run_config(row))).features
+    config = run_config(row)
+    config["probe"]["kappa"] = True  # the shipped runs carry kappa(V), which the screen computes on request
+    features = screen(spec_from_dict(config)).features
     d = features["d_model"]
     for name, value in features.items():
         shipped = row[f"feature.{name}"]
         if "mass" in name:  # round-off may carry one eigenvalue of d across a band edge
             assert abs(value - shipped) <= 1 / d + 1e-12 or (math.isnan(value) and math.isnan(shipped)), name
-        elif "kappa" in name:  # kappa(V)'s own relative error bound, n eps kappa^2 kappa(X), reaches 1e-3 at 1e4
-            assert value == pytest.approx(shipped, rel=1e-2, nan_ok=True), name
+        elif "kappa" in name:
+            # an eigenvector-derived quantity moves by ~ n u kappa^2 (relative) under a relative
+            # perturbation u of the operator; the states are float32 (u = 2^-24) and their round-off
+            # differs between CPUs: 0.2% at kappa = 200, over 100% at kappa = 3000 (not reproducible)
+            rel = d * 2.0**-24 * row["feature.kappa_max"] ** 2
+            if "log10" in name:
+                assert value == pytest.approx(shipped, abs=rel / math.log(10), nan_ok=True), name
+            else:
+                assert value == pytest.approx(shipped, rel=rel, nan_ok=True), name
         else:  # float32 forward passes differ between CPUs at ~1e-7 relative
             assert value == pytest.approx(shipped, rel=1e-5, nan_ok=True), name

@@ -44,7 +44,7 @@ def test_whitening_is_an_exact_similarity_at_full_rank():
     Xw, Yw, Xc, Yc = _reference_whitened(X, Y)
     whitened = torch.linalg.eigvals(Yw @ torch.linalg.pinv(Xw))
     raw = torch.linalg.eigvals(Yc @ torch.linalg.pinv(Xc))
-    kappa_v = layer_spectrum(X, Y).kappa
+    kappa_v = layer_spectrum(X, Y, DMDSettings(kappa=True)).kappa
     tol = eigenvalue_tolerance(16, kappa_v, condition(Xc), float(raw.abs().max()))
     assert _max_matching_distance(whitened, raw) < tol
     for rank in ("auto", "full"):
@@ -62,7 +62,7 @@ def test_known_linear_map_is_recovered_with_zero_residual():
     L[2, 3], L[3, 2] = 0.1, -0.1
     A = basis @ L @ torch.linalg.inv(basis)
     X = torch.randn(8, 300, generator=g, dtype=torch.float64)
-    spec = layer_spectrum(X, A @ X)
+    spec = layer_spectrum(X, A @ X, DMDSettings(kappa=True))
     kappa_x = condition(X - X.mean(1, keepdim=True))
     assert _max_matching_distance(spec.eigenvalues, target) < eigenvalue_tolerance(8, spec.kappa, kappa_x, 1.2)
     assert spec.n_kept == 8  # an exactly linear map leaves no ResDMD residual
@@ -94,7 +94,8 @@ def test_identity_transition_is_degenerate_and_excluded_from_aggregates():
 
 def test_auto_equals_textbook_full_dmd_when_full_rank():
     X, Y = _snapshots(d=24, n=500, seed=3)
-    auto, full = layer_spectrum(X, Y, DMDSettings(rank="auto")), layer_spectrum(X, Y, DMDSettings(rank="full"))
+    auto = layer_spectrum(X, Y, DMDSettings(rank="auto", kappa=True))
+    full = layer_spectrum(X, Y, DMDSettings(rank="full", kappa=True))
     kappa_x = condition(X - X.mean(1, keepdim=True))
     tol = eigenvalue_tolerance(24, auto.kappa, kappa_x, auto.spectral_radius)
     # masses count eigenvalues in bands: equal unless one lies within tol of a band edge (none here)
@@ -108,8 +109,8 @@ def test_auto_equals_textbook_full_dmd_when_full_rank():
 
 def test_data_subspace_estimator_drops_only_the_structural_zeros_when_d_exceeds_n():
     X, Y = _snapshots(d=40, n=25, seed=4)
-    full = layer_spectrum(X, Y, DMDSettings(rank="full", residual_tol=None))
-    auto = layer_spectrum(X, Y, DMDSettings(rank="auto", residual_tol=None))
+    full = layer_spectrum(X, Y, DMDSettings(rank="full", kappa=True))
+    auto = layer_spectrum(X, Y, DMDSettings(rank="auto"))
     assert full.eigenvalues.numel() == 40 and auto.eigenvalues.numel() == 24  # rank N-1 after centring
     # full DMD whitens a rank-deficient covariance: its round-off is amplified by kappa(W), and its
     # eigenvector matrix (structural zeros included) by full.kappa; its structural zeros are that small too
@@ -125,7 +126,7 @@ def test_data_subspace_estimator_drops_only_the_structural_zeros_when_d_exceeds_
 
 def test_rank_r_is_dmd_in_the_leading_principal_subspace_and_full_rank_is_auto():
     X, Y = _snapshots(d=32, n=300, seed=5)
-    a = layer_spectrum(X, Y, DMDSettings(rank=8))
+    a = layer_spectrum(X, Y, DMDSettings(rank=8, kappa=True))
     assert a.eigenvalues.numel() == 8 and "leading 8-dim principal subspace" in a.estimator
     assert torch.equal(a.eigenvalues, layer_spectrum(X, Y, DMDSettings(rank=8)).eigenvalues)  # no randomness
     # by hand: project the centred snapshots on the top-8 left singular vectors, then least squares
@@ -135,9 +136,20 @@ def test_rank_r_is_dmd_in_the_leading_principal_subspace_and_full_rank_is_auto()
     tol = eigenvalue_tolerance(8, a.kappa, condition(P @ Xc), a.spectral_radius)
     assert _max_matching_distance(a.eigenvalues, reference) < tol
     # at or above the data's rank, the subspace is all of it: the same operator as `auto`
-    whole, auto = layer_spectrum(X, Y, DMDSettings(rank=64)), layer_spectrum(X, Y)
+    whole, auto = layer_spectrum(X, Y, DMDSettings(rank=64)), layer_spectrum(X, Y, DMDSettings(kappa=True))
     tol = eigenvalue_tolerance(32, auto.kappa, condition(Xc), auto.spectral_radius)
     assert _max_matching_distance(whole.eigenvalues, auto.eigenvalues) < tol
+
+
+def test_eigenvalues_alone_unless_kappa_or_the_filter_needs_the_eigenvectors():
+    X, Y = _snapshots(d=24, n=300, seed=7)
+    fast, slow = layer_spectrum(X, Y), layer_spectrum(X, Y, DMDSettings(kappa=True))
+    assert math.isnan(fast.kappa) and math.isfinite(slow.kappa) and slow.kappa >= 1.0
+    # LAPACK's geev runs the same QR iteration with or without accumulating the Schur vectors
+    tol = eigenvalue_tolerance(24, slow.kappa, condition(X - X.mean(1, keepdim=True)), slow.spectral_radius)
+    assert _max_matching_distance(fast.eigenvalues, slow.eigenvalues) < tol
+    assert fast.eta_nl == pytest.approx(slow.eta_nl, rel=1e-12)
+    assert math.isnan(layer_spectrum(X, Y, DMDSettings(residual_tol=0.1)).kappa)  # filter alone: no kappa
 
 
 def test_resdmd_filter_falls_back_and_flags_when_nothing_survives():

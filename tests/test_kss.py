@@ -143,7 +143,7 @@ def test_kss_shapes_the_very_eigenvalues_the_screen_reports_at_its_rank():
     x = torch.randn(512, 24, dtype=torch.float64) * torch.logspace(-1, 0, 24, dtype=torch.float64)
     y = x + torch.tanh(x @ (0.3 * torch.randn(24, 24, dtype=torch.float64)))
     shaped = KoopmanSpectralShaping([nn.Identity()], rank=8, seed=3).eigenvalues(x, y)
-    screened = layer_spectrum(x.T, y.T, DMDSettings(rank=8))
+    screened = layer_spectrum(x.T, y.T, DMDSettings(rank=8, kappa=True))
     # KSS adds a 1e-9 diagonal jitter (separating repeated eigenvalues): it moves each by <= kappa(V) 1e-9;
     # kappa(X) = 10 by construction (the columns' scales span one decade)
     tol = screened.kappa * 1e-9 + eigenvalue_tolerance(24, screened.kappa, 10.0, screened.spectral_radius)
