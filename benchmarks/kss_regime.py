@@ -12,8 +12,8 @@ arms use is the one where the baseline diverges in 40-80% of runs after warmup. 
 (``kss.py``, ``variant="growth"``, alpha 0.15); gradient clipping 0.5 / 1.0;
 qk-layernorm; z-loss 1e-4; a 4x longer warmup; sigmaReparam on every linear weight. Per arm:
 runs diverged, Fisher's exact p against the baseline (two-sided), median diverging step, final
-accuracy of the runs that trained, and ms per training step (the same workers on the same
-machine; a ratio to the baseline's).
+accuracy of the runs that trained (mean and standard error), and ms per training step (the same
+workers on the same machine; a ratio to the baseline's).
 
 ``mechanism``: baseline and KSS (alpha 0.15) at lr 0.004, seeds 0-3, with the screen's spectra
 tracked every 50 steps (``training.track_every``) and KSS's own soft near-unit mass: does KSS move
@@ -97,6 +97,8 @@ def _summary(runs: pd.DataFrame) -> dict[str, Any]:
         "diverged": int(diverged.sum()),
         "median_diverged_step": float(steps.median()) if len(steps) else None,
         "final_accuracy": float(accuracy.mean()) if len(accuracy) else None,
+        # its standard error (0 from a single trained run: a point comparison)
+        "final_accuracy_se": float(accuracy.sem()) if len(accuracy) > 1 else 0.0,
         "ms_per_step": float(ms.median()),
     }
 

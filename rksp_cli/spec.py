@@ -146,7 +146,7 @@ class ProbeSpec(_Section):
     seed: Annotated[int, Field(ge=0, le=MAX_SEED)] = 0
     input: str = "random"
     residual_tol: Annotated[float, Field(gt=0)] | None = None  # ResDMD filter tau; off by default (koopman.py)
-    kappa: bool = False  # compute kappa(V): eigenvectors and their SVD, ~3x the DMD's cost (koopman.py)
+    kappa: bool = False  # compute kappa(V): eigenvectors and their SVD, ~2.5x the DMD's cost (koopman.py)
 
     @field_validator("input")
     @classmethod

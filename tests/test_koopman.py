@@ -7,9 +7,11 @@ import torch
 
 from rksp_cli.koopman import DMDSettings, aggregate, layer_spectrum, spectral_masses
 from tests.tolerances import (
+    EPS64,
     condition,
     eigenvalue_tolerance,
     eigenvector_tolerance,
+    float32_solve_tolerance,
     residual_tolerance,
     zca_condition,
 )
@@ -45,8 +47,10 @@ def test_whitening_is_an_exact_similarity_at_full_rank():
     whitened = torch.linalg.eigvals(Yw @ torch.linalg.pinv(Xw))
     raw = torch.linalg.eigvals(Yc @ torch.linalg.pinv(Xc))
     kappa_v = layer_spectrum(X, Y, DMDSettings(kappa=True)).kappa
-    tol = eigenvalue_tolerance(16, kappa_v, condition(Xc), float(raw.abs().max()))
+    norm_a = float(raw.abs().max())
+    tol = eigenvalue_tolerance(16, kappa_v, condition(Xc), norm_a)
     assert _max_matching_distance(whitened, raw) < tol
+    tol += float32_solve_tolerance(16, kappa_v, norm_a)  # the default path solves in float32
     for rank in ("auto", "full"):
         ours = layer_spectrum(X, Y, DMDSettings(rank=rank)).eigenvalues
         assert ours.numel() == 16
@@ -118,6 +122,7 @@ def test_data_subspace_estimator_drops_only_the_structural_zeros_when_d_exceeds_
     structural = full.eigenvalues[full.eigenvalues.abs() < tol]
     assert structural.numel() == 40 - 24
     nonzero = full.eigenvalues[full.eigenvalues.abs() >= tol]
+    tol += float32_solve_tolerance(24, full.kappa, full.spectral_radius)  # auto's default float32 solve
     assert _max_matching_distance(auto.eigenvalues, nonzero) < tol
     # the structural zeros are what caps full DMD's near-unit mass at (N-1)/d
     assert full.near_unit_mass <= 24 / 40
@@ -128,7 +133,8 @@ def test_rank_r_is_dmd_in_the_leading_principal_subspace_and_full_rank_is_auto()
     X, Y = _snapshots(d=32, n=300, seed=5)
     a = layer_spectrum(X, Y, DMDSettings(rank=8, kappa=True))
     assert a.eigenvalues.numel() == 8 and "leading 8-dim principal subspace" in a.estimator
-    assert torch.equal(a.eigenvalues, layer_spectrum(X, Y, DMDSettings(rank=8)).eigenvalues)  # no randomness
+    default = DMDSettings(rank=8)
+    assert torch.equal(layer_spectrum(X, Y, default).eigenvalues, layer_spectrum(X, Y, default).eigenvalues)
     # by hand: project the centred snapshots on the top-8 left singular vectors, then least squares
     Xc, Yc = X - X.mean(1, keepdim=True), Y - Y.mean(1, keepdim=True)
     P = torch.linalg.svd(Xc, full_matrices=False).U[:, :8].T
@@ -138,6 +144,7 @@ def test_rank_r_is_dmd_in_the_leading_principal_subspace_and_full_rank_is_auto()
     # at or above the data's rank, the subspace is all of it: the same operator as `auto`
     whole, auto = layer_spectrum(X, Y, DMDSettings(rank=64)), layer_spectrum(X, Y, DMDSettings(kappa=True))
     tol = eigenvalue_tolerance(32, auto.kappa, condition(Xc), auto.spectral_radius)
+    tol += float32_solve_tolerance(32, auto.kappa, auto.spectral_radius)  # `whole` solves in float32
     assert _max_matching_distance(whole.eigenvalues, auto.eigenvalues) < tol
 
 
@@ -145,11 +152,32 @@ def test_eigenvalues_alone_unless_kappa_or_the_filter_needs_the_eigenvectors():
     X, Y = _snapshots(d=24, n=300, seed=7)
     fast, slow = layer_spectrum(X, Y), layer_spectrum(X, Y, DMDSettings(kappa=True))
     assert math.isnan(fast.kappa) and math.isfinite(slow.kappa) and slow.kappa >= 1.0
-    # LAPACK's geev runs the same QR iteration with or without accumulating the Schur vectors
-    tol = eigenvalue_tolerance(24, slow.kappa, condition(X - X.mean(1, keepdim=True)), slow.spectral_radius)
+    # the eigenvalues alone come from a float32 solve; the eigenvector path stays in float64
+    tol = float32_solve_tolerance(24, slow.kappa, slow.spectral_radius)
+    assert _max_matching_distance(fast.eigenvalues, slow.eigenvalues) < tol
     assert _max_matching_distance(fast.eigenvalues, slow.eigenvalues) < tol
     assert fast.eta_nl == pytest.approx(slow.eta_nl, rel=1e-12)
     assert math.isnan(layer_spectrum(X, Y, DMDSettings(residual_tol=0.1)).kappa)  # filter alone: no kappa
+
+
+@pytest.mark.parametrize(("d", "n"), [(24, 300), (40, 25)])
+def test_the_fit_from_gram_products_equals_the_fit_on_whitened_snapshots(d, n):
+    X, Y = _snapshots(d=d, n=n, seed=8)
+    gram = layer_spectrum(X, Y, DMDSettings(kappa=True))
+    # any ResDMD cut makes `auto` whiten the snapshots explicitly; an infinite one keeps every eigenvalue
+    direct = layer_spectrum(X, Y, DMDSettings(kappa=True, residual_tol=math.inf))
+    assert direct.n_kept == gram.eigenvalues.numel() == min(d, n - 1)
+    kappa_x = condition(X - X.mean(1, keepdim=True))
+    tol = eigenvalue_tolerance(d, direct.kappa, kappa_x, direct.spectral_radius)
+    assert _max_matching_distance(gram.eigenvalues, direct.eigenvalues) < tol
+    # squared norms as differences of Gram terms: round-off relative to ||Y~||^2 <= ||X~||^2 (1 + u)^2
+    u = direct.update_ratio
+    assert gram.update_ratio == pytest.approx(u, rel=n * EPS64 * kappa_x * (1 + u) ** 2 / u**2)
+    if n - 1 > d:
+        scale = (1 + u) ** 2 / (direct.eta_nl * u) ** 2
+        assert gram.eta_nl == pytest.approx(direct.eta_nl, rel=n * EPS64 * kappa_x * scale)
+    else:  # an exact fit: no residual to measure either way
+        assert math.isnan(gram.eta_nl) and math.isnan(direct.eta_nl)
 
 
 def test_resdmd_filter_falls_back_and_flags_when_nothing_survives():

@@ -3,8 +3,9 @@
 from rksp_cli.risk.preventions import advice, helpful
 
 
-def _arm(arm, diverged, p=1.0, time_ratio=1.0, runs=24):
-    return {"arm": arm, "runs": runs, "diverged": diverged, "fisher_p": p, "time_ratio": time_ratio}
+def _arm(arm, diverged, p=1.0, time_ratio=1.0, runs=24, accuracy=0.9, se=0.01):
+    return {"arm": arm, "runs": runs, "diverged": diverged, "fisher_p": p, "time_ratio": time_ratio,
+            "final_accuracy": accuracy, "final_accuracy_se": se}  # fmt: skip
 
 
 MEASURED = {
@@ -15,6 +16,7 @@ MEASURED = {
             _arm("clip 1.0", 2, p=0.0004),
             _arm("clip 0.5", 1, p=0.0001, time_ratio=1.3),  # better, but too slow for the bar
             _arm("qk-layernorm", 8, p=0.15),  # fewer, but neither half nor significant
+            _arm("z-loss 1e-4", 1, p=0.0001, accuracy=0.8),  # survives, but learns less (0.1 > 2 SE)
         ]
     }
 }
@@ -29,6 +31,7 @@ def test_advice_names_the_measured_effect_or_says_nothing_was_shown():
     assert "clip 1.0" in text and "2/24" in text and "14/24" in text and "KSS" not in text
     failing = {"families": {"none": [_arm("baseline", 14), _arm("KSS alpha 0.10", 19, p=0.2)]}}
     assert "no prevention halved divergence" in advice("none", failing)
+    assert "tried: KSS alpha 0.10;" in advice("none", failing)  # names what was measured, nothing more
     assert "no prevention has been measured for models with norm 'pre'" in advice("pre", MEASURED)
     assert "models of this architecture" in advice(None, MEASURED)
     assert advice("none", {}).startswith("lower the learning rate")

@@ -12,6 +12,9 @@ tolerance is therefore a first-order error bound, written from the quantities th
   ``eigenvalue_tolerance = n * eps * kappa(V) * kappa(X) * ||A||``. Whitening by W multiplies
   kappa(X) by at most kappa(W); for the ZCA whitening with regulariser eps_w on a rank-deficient
   covariance kappa(W) = sqrt((lambda_max + eps_w) / eps_w).
+* **Eigenvalues from the float32 solve** (the default path, ``koopman._eigenvalues``): the solve
+  is backward stable in float32, ||dA|| <= n eps32 ||A||, so Bauer-Fike adds
+  ``float32_solve_tolerance = n * eps32 * kappa(V) * ||A||`` to the bound above.
 * **Eigenvector-derived quantities** (kappa(V) itself): an eigenvector moves by about
   kappa(V) ||dA|| / gap, so relative changes of kappa(V) are bounded by ``n eps kappa(V)^2 kappa(X)``.
 * **A residual norm of an exactly solvable fit** (eta_nl of a linear map):
@@ -28,6 +31,7 @@ import math
 import torch
 
 EPS64 = torch.finfo(torch.float64).eps
+EPS32 = torch.finfo(torch.float32).eps
 
 
 def condition(M: torch.Tensor) -> float:
@@ -40,6 +44,11 @@ def condition(M: torch.Tensor) -> float:
 def eigenvalue_tolerance(n: int, kappa_v: float, kappa_x: float, norm_a: float) -> float:
     """Bauer-Fike with the least-squares perturbation of A = Y X^+ (see the module docstring)."""
     return n * EPS64 * kappa_v * kappa_x * norm_a
+
+
+def float32_solve_tolerance(n: int, kappa_v: float, norm_a: float) -> float:
+    """What the default path's float32 eigenvalue solve adds to ``eigenvalue_tolerance``."""
+    return n * EPS32 * kappa_v * norm_a
 
 
 def eigenvector_tolerance(n: int, kappa_v: float, kappa_x: float) -> float:

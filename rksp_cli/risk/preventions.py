@@ -3,8 +3,9 @@
 ``rksp_cli/preventions.json`` is written by ``benchmarks/kss_regime.py arms``: for a normalisation
 family, every arm's divergences against the baseline's in the same slow-divergence regime, with
 Fisher's exact p. A screen recommends an arm for a model of that family only when it diverged at
-most half as often as the baseline with p < 0.05 and no more than 12% extra time per step (the
-issue's bar), and it names the measured effect. Where nothing passed, or nothing was measured
+most half as often as the baseline with p < 0.05, no more than 12% extra time per step and a
+final accuracy no worse than the baseline's beyond noise (the issue's bar), and it names the
+measured effect. Where nothing passed, or nothing was measured
 for the family, it says so and recommends the one remedy that always holds: a lower learning
 rate. No prevention is recommended on belief, KSS included.
 """
@@ -17,6 +18,7 @@ from importlib import resources
 from typing import Any
 
 MAX_RATIO, MAX_P, MAX_TIME = 0.5, 0.05, 1.12
+NOISE_SE = 2.0  # design choice: "no worse" = not below the baseline by more than 2 standard errors
 
 
 @cache
@@ -35,8 +37,20 @@ def helpful(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if r["diverged"] / r["runs"] <= MAX_RATIO * base["diverged"] / base["runs"]
         and r["fisher_p"] < MAX_P
         and r["time_ratio"] <= MAX_TIME
+        and _accuracy_no_worse(r, base)
     ]
     return sorted(passed, key=lambda r: (r["diverged"] / r["runs"], r["fisher_p"]))
+
+
+def _accuracy_no_worse(arm: dict[str, Any], base: dict[str, Any]) -> bool:
+    """The arm's final accuracy (mean over its trained runs) is not below the baseline's by more than
+    NOISE_SE standard errors of the difference. An arm with no trained run fails."""
+    if arm["final_accuracy"] is None:
+        return False
+    if base["final_accuracy"] is None:
+        return True
+    noise = NOISE_SE * (arm["final_accuracy_se"] ** 2 + base["final_accuracy_se"] ** 2) ** 0.5
+    return arm["final_accuracy"] >= base["final_accuracy"] - noise
 
 
 def advice(norm: str | None, data: dict[str, Any] | None = None) -> str:
@@ -50,9 +64,11 @@ def advice(norm: str | None, data: dict[str, Any] | None = None) -> str:
     best = helpful(rows)
     base = rows[0]
     if not best:
+        tried = ", ".join(r["arm"] for r in rows[1:])
         return (
-            f"{lower}; in rksp's benchmark of {models} no prevention halved divergence (baseline "
-            f"{base['diverged']}/{base['runs']} diverged; KSS included; benchmarks/kss_regime.py)"
+            f"{lower}; in rksp's benchmark of {models} no prevention halved divergence without a "
+            f"cost (baseline {base['diverged']}/{base['runs']} diverged; tried: {tried}; "
+            "benchmarks/kss_regime.py)"
         )
     r = best[0]
     return (
