@@ -15,6 +15,12 @@ runs diverged, Fisher's exact p against the baseline (two-sided), median divergi
 accuracy of the runs that trained (mean and standard error), and ms per training step (the same
 workers on the same machine; a ratio to the baseline's).
 
+``maxlr``: issue 15's second bar. For no-norm, pre-LN and RMSNorm in the same setting, the
+largest lr of a x2 grid (0.0025 ... 1.28) at which fewer than 20% of 4 seeds diverge, with and
+without the prevention the arms ship (the best arm that passed ``rksp_cli.risk.preventions``),
+found by bisection over the grid (it assumes divergence is monotone in lr; 4 levels per search
+instead of 10). Each level is its own sweep, kept as benchmarks/results/kss/maxlr/<...>.parquet.
+
 ``mechanism``: baseline and KSS (alpha 0.15) at lr 0.004, seeds 0-3, with the screen's spectra
 tracked every 50 steps (``training.track_every``) and KSS's own soft near-unit mass: does KSS move
 the near-unit mass (the paper: 0.85 -> 0.58), and does the movement come before survival?
@@ -24,7 +30,7 @@ resumes; each completed arm is kept as benchmarks/results/kss/arms/<arm>.parquet
 cover the arms completed so far). Writes benchmarks/results/kss.json and prints Markdown; ``arms`` also writes
 rksp_cli/preventions.json, from which ``rksp screen`` recommends a prevention for a model of the
 regime's normalisation only when it measurably helped (``rksp_cli.risk.preventions``).
-Run: python benchmarks/kss_regime.py [regime|arms] (make bench-kss-regime)
+Run: python benchmarks/kss_regime.py [regime|arms|maxlr|mechanism] (make bench-kss-regime)
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ import pandas as pd
 from scipy.stats import fisher_exact
 
 from rksp_cli.files import atomic_path
+from rksp_cli.risk.preventions import helpful
 from rksp_cli.spec import set_field, spec_from_dict
 from rksp_cli.sweep import Point, run_sweep
 
@@ -137,6 +144,51 @@ def arms(workers: int, lrs: list[float], seeds: list[int], only: list[str] | Non
     return rows
 
 
+MAXLR_GRID = tuple(0.0025 * 2**k for k in range(10))
+MAXLR_FAMILIES = ("none", "pre", "rms")
+MAXLR_SEEDS = range(4)
+STABLE_BELOW = 0.2  # the issue's definition: a stable lr diverges in fewer than 20% of runs
+
+
+def max_stable_lr(workers: int, prevention: dict[str, Any]) -> dict[str, Any]:
+    """Per family, the largest stable grid lr without and with ``prevention`` ({"arm", "changes"})."""
+    out = {}
+    for family in MAXLR_FAMILIES:
+        out[family] = {}
+        for arm, changes in (("baseline", {}), (prevention["arm"], prevention["changes"])):
+            out[family][arm] = _bisect(family, arm, {"model.norm": family, **changes}, workers)
+    return out
+
+
+def _bisect(family: str, arm: str, changes: dict[str, Any], workers: int) -> dict[str, Any]:
+    """The largest stable index of MAXLR_GRID: lo is stable (or -1), hi unstable (or len)."""
+    lo, hi, levels = -1, len(MAXLR_GRID), []
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lr = MAXLR_GRID[mid]
+        points = [_point(lr, s, changes) for s in MAXLR_SEEDS]
+        runs = _run(points, f"maxlr/{family}_{_slug(arm)}_{lr:g}", workers)
+        summary = _summary(runs)
+        levels.append({"lr": lr, "diverged": summary["diverged"], "runs": summary["runs"]})
+        if summary["diverged"] / summary["runs"] < STABLE_BELOW:
+            lo = mid
+        else:
+            hi = mid
+    return {
+        "max_stable_lr": MAXLR_GRID[lo] if lo >= 0 else None,  # None: even the grid's lowest lr diverged
+        "first_unstable_lr": MAXLR_GRID[hi] if hi < len(MAXLR_GRID) else None,  # None: stable to the end
+        "levels": levels,
+    }
+
+
+def shipped_prevention(results: dict[str, Any]) -> dict[str, Any]:
+    """The arm the screen recommends for the regime's family, from the arms' results."""
+    passed = helpful(results.get("arms", [])) if results.get("arms") else []
+    if not passed:
+        raise SystemExit("no arm passed the prevention bar (run `arms` first): there is no shipped prevention to test")
+    return {"arm": passed[0]["arm"], "changes": ARMS[passed[0]["arm"]]}
+
+
 def _slug(arm: str) -> str:
     return arm.replace(" ", "_").replace(".", "")
 
@@ -172,6 +224,16 @@ def markdown(results: dict[str, Any]) -> str:
         outcome = "trained" if r["diverged_step"] is None else f"diverged at {r['diverged_step']}"
         lines.append(f"{r['arm']}, seed {r['seed']}: M≈1 {first['near_unit_mass_mean']:.2f} -> "
                      f"{last['near_unit_mass_mean']:.2f} by step {last['step']:.0f}; {outcome}")  # fmt: skip
+    if "max_stable_lr" in results:  # "+": stable to the grid's end
+        table = results["max_stable_lr"]
+        names = list(next(iter(table.values())))
+        lines += ["| norm | " + " | ".join(f"max stable lr, {arm}" for arm in names) + " |", "|---|---|---|"]
+        for family, arms in table.items():
+            cells = [
+                f(a["max_stable_lr"], "g") + ("+" if a["first_unstable_lr"] is None else "") for a in arms.values()
+            ]
+            lines.append(f"| {family} | " + " | ".join(cells) + " |")
+        lines.append("")
     if "arms" in results:
         lines += ["| arm | diverged | Fisher p vs baseline | median diverging step | final accuracy | time/step |"]
         lines += ["|---|---|---|---|---|---|"]
@@ -184,7 +246,7 @@ def markdown(results: dict[str, Any]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("part", choices=["regime", "arms", "mechanism"])
+    parser.add_argument("part", choices=["regime", "arms", "maxlr", "mechanism"])
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--lrs", default="0.0035,0.004,0.0045", help="arms: lrs (comma-separated)")
     parser.add_argument("--seeds", type=int, default=8, help="arms: seeds per lr")
@@ -195,6 +257,11 @@ def main() -> None:
         results["regime"] = regime(args.workers)
     elif args.part == "mechanism":
         results["mechanism"] = mechanism(args.workers)
+    elif args.part == "maxlr":
+        prevention = shipped_prevention(results)
+        results["max_stable_lr"] = max_stable_lr(args.workers, prevention)
+        results["max_stable_lr_setting"] = {"grid": list(MAXLR_GRID), "seeds": len(MAXLR_SEEDS),
+                                            "stable_below": STABLE_BELOW, "prevention": prevention}  # fmt: skip
     else:
         lrs = [float(x) for x in args.lrs.split(",")]
         only = [a.strip() for a in args.arms.split(",") if a.strip()] or None

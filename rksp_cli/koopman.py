@@ -360,7 +360,10 @@ def _eigenvalues(A: torch.Tensor) -> torch.Tensor:
     within 4.5e-5 of the float64 solve, no eigenvalue across a band edge. The eigenvector path
     (kappa, the ResDMD filter) stays in float64: kappa(V) is far more sensitive than lambda.
     """
-    return torch.linalg.eigvals(A.to(torch.float32)).to(torch.complex128)
+    single = A.to(torch.float32)
+    if not torch.isfinite(single).all():  # beyond float32's range (an exploding block): solve in float64
+        return torch.linalg.eigvals(A)
+    return torch.linalg.eigvals(single).to(torch.complex128)
 
 
 def _quadratic_norms(rows: torch.Tensor, gram: torch.Tensor) -> torch.Tensor:

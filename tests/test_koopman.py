@@ -205,3 +205,10 @@ def test_known_spectrum_is_recovered_at_every_width(d):
     assert clean["max_mass_error"] == 0.0 and clean["eigenvalues"] == 32
     assert recovery(d, settings=DMDSettings(rank=32), ambient=0.01)["max_mass_error"] == 0.0
     assert recovery(d, ambient=0.01)["max_mass_error"] > 0.2  # the documented limitation of `auto`
+
+
+def test_an_operator_beyond_float32_range_is_solved_in_float64():
+    X, _ = _snapshots(d=6, n=100, seed=9)
+    spec = layer_spectrum(X, 1e40 * X)  # a block that scales its input by 1e40: A = 1e40 I
+    assert spec.spectral_radius == pytest.approx(1e40, rel=1e-9)
+    assert spec.expansive_mass == 1.0
