@@ -5,9 +5,9 @@ family, every arm's divergences against the baseline's in the same slow-divergen
 Fisher's exact p. A screen recommends an arm for a model of that family only when it diverged at
 most half as often as the baseline with p < 0.05, no more than 12% extra time per step and a
 final accuracy no worse than the baseline's beyond noise (the issue's bar), and it names the
-measured effect. Where nothing passed, or nothing was measured
-for the family, it says so and recommends the one remedy that always holds: a lower learning
-rate. No prevention is recommended on belief, KSS included.
+measured effect. Where nothing passed, or nothing was measured for the family, it says so and
+recommends the one remedy that always holds: a lower learning rate. No prevention is
+recommended on belief, KSS included.
 """
 
 from __future__ import annotations
