@@ -11,7 +11,7 @@ TORCH  := torch==2.13.0
 STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 SCREEN ?= screens/gpt-small-noln.yaml
 
-.PHONY: install screen test lint format clean bench-norms bench-sweep bench-dmd bench-scale bench-kss bench-kss-regime bench-faults bench-monitors bench-stability bench-known-spectrum bench-ladder bench-published calibration horizon rescreen refit
+.PHONY: install screen test lint format clean bench-norms bench-sweep bench-dmd bench-scale bench-kss bench-kss-regime bench-faults bench-monitors bench-stability bench-known-spectrum bench-ladder bench-published calibration horizon rescreen token-samples refit
 
 install: $(STAMP)
 
@@ -97,14 +97,14 @@ bench-published: install
 calibration: install
 	$(BIN)/rksp sweep grids/calibration.yaml --probe --workers 2 --out calibration/runs.parquet
 	$(BIN)/rksp sweep grids/scale.yaml --probe --workers 2 --out calibration/scale-runs.parquet
-	$(MAKE) refit
+	$(MAKE) token-samples refit
 
 # After a change to the estimator: screen every labelled run's init again (labels unchanged; about
 # 2 minutes on 2 cores, resumable), then refit.
 rescreen: install
 	$(BIN)/python calibration/rescreen.py calibration/runs.parquet
 	$(BIN)/python calibration/rescreen.py calibration/scale-runs.parquet
-	$(MAKE) refit
+	$(MAKE) token-samples refit
 
 # Issue 14's longer horizon: 48 probes of 1000 steps (about 15 minutes on 2 cores, resumable), then
 # what the 200-step label missed and how the shipped risk scores them (calibration/horizon.json).
@@ -112,5 +112,11 @@ horizon: install
 	$(BIN)/rksp sweep grids/horizon.yaml --probe --workers 2 --out calibration/horizon-runs.parquet
 	$(BIN)/python calibration/horizon.py calibration/horizon-runs.parquet
 
+# Each labelled run's init screened on 3 more token samples (about 6 minutes on 2 cores, resumable):
+# the report's edge spread and the noise rule of rksp_cli/risk/features.py read them. Rerun after
+# `make rescreen`.
+token-samples: install
+	$(BIN)/python calibration/token_samples.py 4
+
 refit: install
-	$(BIN)/rksp calibrate calibration/runs.parquet calibration/scale-runs.parquet --out rksp_cli/default_calibration.json --report calibration/report.md
+	$(BIN)/rksp calibrate calibration/runs.parquet calibration/scale-runs.parquet --token-samples calibration/token-samples.parquet --out rksp_cli/default_calibration.json --report calibration/report.md

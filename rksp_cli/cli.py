@@ -397,11 +397,19 @@ def calibrate(
         Path | None, typer.Option("--report", help="Markdown report (default: beside --out, as .md).")
     ] = None,
     bootstrap: Annotated[int, typer.Option("--bootstrap", min=10, help="Resamples for the AUROC CIs.")] = 1000,
+    token_samples: Annotated[
+        Path | None,
+        typer.Option(
+            "--token-samples",
+            help="More token samples of each run's screen (.parquet, calibration/token_samples.py): the "
+            "report adds how far each feature set's held-out edge moves between them.",
+        ),
+    ] = None,
 ) -> None:
     """Fit P(diverged) on labelled runs; report how it transfers to held-out scales and architectures."""
     from rksp_cli import render
     from rksp_cli.files import atomic_path
-    from rksp_cli.risk.calibration import read_runs, save_calibration
+    from rksp_cli.risk.calibration import read_runs, read_token_samples, save_calibration
     from rksp_cli.risk.estimator import DivergenceModel
     from rksp_cli.risk.evaluation import LABELS, evaluate
 
@@ -414,8 +422,9 @@ def calibrate(
     _check_output("--report", markdown, ".md")
     try:
         frame = read_runs(runs, label)
+        samples = None if token_samples is None else read_token_samples(token_samples, frame)
         with err.status("held-out validation: by scale, architecture and normalisation family"):
-            report = evaluate(frame, label=label, method=method, n_boot=bootstrap)
+            report = evaluate(frame, label=label, method=method, n_boot=bootstrap, token_samples=samples)
         with err.status("final fit and its group-bootstrap refits"):
             model = DivergenceModel(method=method).fit(frame, frame[label])
     except InputError as exc:

@@ -20,7 +20,8 @@ from rksp_cli.monitors.faults import FaultRun
 from rksp_cli.probe import BASELINE_STEP, ProbeResult
 from rksp_cli.report import sweep_axes
 from rksp_cli.risk import RiskAssessment, format_risk
-from rksp_cli.risk.evaluation import BOOTSTRAP_CI
+from rksp_cli.risk.evaluation import BOOTSTRAP_CI, EDGE_SPREAD_BAR
+from rksp_cli.risk.features import SHIPPED
 from rksp_cli.screen import ScreenResult
 from rksp_cli.serialize import dumps
 from rksp_cli.watch import HEADLINES, MetricsLog
@@ -257,6 +258,12 @@ def render_calibration(report: dict, console: Console) -> None:
     for name, m in {**report["models"], **report["baselines"]}.items():
         table.add_row(name, *_metric_cells(m))
     console.print(table)
+    if (e := report["models"].get(SHIPPED, {}).get("edge_spread")) and "median" in e:
+        console.print(
+            f"held-out edge over {report['token_samples']} token samples of each run: moves {e['median']:.2f}x "
+            f"(median), {e['p90']:.2f}x (90th percentile); {e['within_bar']:.0%} within {EDGE_SPREAD_BAR}x",
+            markup=False,
+        )
     console.print(report["verdict"], style="bold", markup=False)
 
 
@@ -302,6 +309,20 @@ def calibration_markdown(report: dict, sources: list[Path]) -> str:
     ]
     for name, m in {**report["models"], **report["baselines"]}.items():
         lines.append(f"| {name} | " + " | ".join(_metric_cells(m)) + " |")
+    if report.get("token_samples"):
+        lines += [
+            "",
+            f"## The edge over token samples (each run screened on {report['token_samples']} token samples)",
+            "",
+            "How far each run's predicted edge moves between token samples of its screen (max / min), from the "
+            f"leave-architecture-out fits, which never saw the run (issue 13's bar: {EDGE_SPREAD_BAR}x).",
+            "",
+            f"| model | runs | median | 90th percentile | within {EDGE_SPREAD_BAR}x |",
+            "|---|---|---|---|---|",
+        ]
+        for name, m in report["models"].items():
+            if (e := m.get("edge_spread")) and "median" in e:
+                lines.append(f"| {name} | {e['runs']} | {e['median']:.2f}x | {e['p90']:.2f}x | {e['within_bar']:.0%} |")
     lines += [
         "",
         "The gradient-norm-at-step-100 baseline is near-perfect by construction: a run that diverges before step "

@@ -46,6 +46,8 @@ class ScreenResult:
     # over independent token samples (``repeats`` > 1): {"samples", "risk", "gated", "lr_edge", "features"},
     # each a [min, max] (None where some sample gave no finite value); None when not measured
     spread: dict[str, Any] | None = None
+    # the features of every token sample measured, ``features`` first (one entry when ``repeats`` is 1)
+    samples: list[dict[str, float]] = field(default_factory=list)
     ladder: LadderFit | None = None  # `screen --ladder`: the edge predicted from probed proxies
 
     @property
@@ -190,13 +192,15 @@ def screen_subject(
     if risk.verdict == "high":
         risk.notes.append(advice(spec.model.norm if spec.model.arch == "gpt" else None))
     result = ScreenResult(spec, subject.summary, spectra, first.stream_rms, features, risk, timings, warnings)
+    result.samples = [features]
     if repeats > 1:
         t = time.perf_counter()
         others = [
             _features(_measure(subject, spec, spec.probe.seed + SPREAD_SEED_STEP * k, settings, device), subject, spec)
             for k in range(1, repeats)
         ]
-        result.spread = _spread([features, *others], [risk, *(risk_model.assess(screen_row(spec, f)) for f in others)])
+        result.samples += others
+        result.spread = _spread(result.samples, [risk, *(risk_model.assess(screen_row(spec, f)) for f in others)])
         timings["spread"] = time.perf_counter() - t
     return result
 

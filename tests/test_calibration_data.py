@@ -13,10 +13,12 @@ import pandas as pd
 import pytest
 
 from calibration.rescreen import ESTIMATOR_FIELDS, run_config
+from rksp_cli.risk.features import FEATURES, MEANS, NOISY
 from rksp_cli.screen import screen
 from rksp_cli.spec import flatten, spec_from_dict
 
 RUNS = Path(__file__).parent.parent / "calibration" / "runs.parquet"
+SCALE_RUNS, TOKEN_SAMPLES = RUNS.with_name("scale-runs.parquet"), RUNS.with_name("token-samples.parquet")
 
 
 @pytest.fixture(scope="module")
@@ -73,3 +75,22 @@ def test_shipped_features_are_what_the_current_estimator_measures(runs, index):
             assert value == pytest.approx(shipped, rel=1e-5, abs=bound, nan_ok=True), name
         else:  # float32 forward passes differ between CPUs at ~1e-7 relative
             assert value == pytest.approx(shipped, rel=1e-5, nan_ok=True), name
+
+
+def test_the_token_samples_are_the_screens_other_samples_and_justify_the_products(runs):
+    samples = pd.read_parquet(TOKEN_SAMPLES)
+    per_run = samples.groupby("key").size()
+    assert set(per_run.index) >= set(runs["key"]) and per_run.nunique() == 1
+    row = runs.iloc[0]
+    again = screen(spec_from_dict(run_config(row)), repeats=1 + int(per_run.iloc[0])).samples
+    stored = samples[samples["key"] == row["key"]].sort_values("sample")["feature.near_unit_mass_mean"]
+    one_eigenvalue = 1 / row["feature.d_model"] + 1e-12  # round-off may carry one across a band edge
+    for features, near in zip(again, [row["feature.near_unit_mass_mean"], *stored], strict=True):
+        assert features["near_unit_mass_mean"] == pytest.approx(near, abs=one_eigenvalue)
+    # features.NOISY: the spectral means too noisy (within-run spread over 1/10 of between-run) for products
+    shipped = pd.concat([pd.read_parquet(RUNS), pd.read_parquet(SCALE_RUNS)], ignore_index=True)
+    every = pd.concat([shipped, samples], ignore_index=True)
+    for name in MEANS:
+        within = FEATURES[name](every).groupby(every["key"]).std().mean()
+        between = FEATURES[name](shipped).std()
+        assert (within / between > 0.1) == (name in NOISY), (name, within / between)

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from rksp_cli.cli import app
 from rksp_cli.errors import InputError
 from rksp_cli.risk import CalibratedRisk, default_risk_model
-from rksp_cli.risk.calibration import load_calibration, read_runs, save_calibration
+from rksp_cli.risk.calibration import load_calibration, read_runs, read_token_samples, save_calibration
 from rksp_cli.risk.estimator import DivergenceModel, MonotoneLogistic
 from rksp_cli.risk.evaluation import architecture_splits, ece, evaluate, scale_split
 from rksp_cli.risk.features import architecture_groups
@@ -216,3 +216,38 @@ def test_runs_without_labels_are_refused(tmp_path):
         read_runs([path])
     with pytest.raises(InputError, match="stall label"):
         read_runs([path], label="label_any")
+
+
+def test_the_edge_spread_over_token_samples_is_measured_on_runs_the_fit_never_saw(runs, tmp_path):
+    rng = np.random.default_rng(1)
+    # the other token samples of each run: the same spectra but a near-unit mass drawn again (noise)
+    near = "feature.near_unit_mass_mean"
+    samples = pd.concat(
+        [runs[["key"]].assign(sample=k, **{c: runs[c] for c in runs.columns if c.startswith("feature.")})
+         .assign(**{near: runs[near] + rng.normal(0, 0.02, len(runs))}) for k in (1, 2, 3)]
+    )  # fmt: skip
+    path = tmp_path / "samples.parquet"
+    samples.to_parquet(path)
+    replicates = read_token_samples(path, runs)
+    assert len(replicates) == 3 * len(runs) and (replicates.groupby("key")["label"].nunique() == 1).all()
+    report = evaluate(runs, n_boot=20, token_samples=replicates)
+    assert report["token_samples"] == 4
+    spread = {name: m["edge_spread"] for name, m in report["models"].items()}
+    assert spread["hyperparameters + size"]["median"] == pytest.approx(1.0)  # reads no spectra: never moves
+    shipped = spread["hyperparameters + size + spectra (shipped)"]
+    assert shipped["runs"] == len(runs) and shipped["median"] > 1.01  # the noisy mass moves its edge
+    # the data's log10 edge moves 2.0 per unit of near-unit mass, so noise of SD 0.02 moves it by SD 0.04
+    # decades; four samples span under 4 SD but for rare runs, and a fit may overshoot the slope 2x
+    assert shipped["p90"] < 10 ** (2 * 4 * 0.04)
+
+
+def test_token_samples_must_cover_every_run(runs, tmp_path):
+    path = tmp_path / "samples.parquet"
+    pd.DataFrame({"key": runs["key"].iloc[1:], "sample": 1, "feature.gap_mass_mean": 0.1}).to_parquet(path)
+    with pytest.raises(InputError, match=r"samples\.parquet: 1 of .* runs lack some token samples"):
+        read_token_samples(path, runs)
+    pd.DataFrame({"key": runs["key"], "gap": 0.1}).to_parquet(path)
+    with pytest.raises(InputError, match="expected key, sample and feature"):
+        read_token_samples(path, runs)
+    with pytest.raises(InputError, match="no such file"):
+        read_token_samples(tmp_path / "missing.parquet", runs)

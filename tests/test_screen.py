@@ -249,7 +249,8 @@ def test_the_spread_comes_from_more_token_samples_and_leaves_the_numbers_alone()
     assert once.spread is None
     assert thrice.features == once.features and thrice.risk.risk == once.risk.risk  # sample 0 is the screen
     spread = thrice.spread
-    assert spread["samples"] == 3
+    assert spread["samples"] == 3 and len(thrice.samples) == 3 and once.samples == [once.features]
+    assert thrice.samples[0] == once.features and thrice.samples[1] != thrice.samples[2]
     low, high = spread["features"]["near_unit_mass_mean"]
     assert low <= once.features["near_unit_mass_mean"] <= high and low < high  # other samples, other numbers
     assert spread["risk"][0] <= once.risk.risk <= spread["risk"][1]

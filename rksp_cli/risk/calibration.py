@@ -59,6 +59,33 @@ def read_runs(paths: list[Path], label: str = "label") -> pd.DataFrame:
     return frame
 
 
+def read_token_samples(path: Path, frame: pd.DataFrame) -> pd.DataFrame:
+    """Each labelled run again per extra token sample of its init, with that sample's features.
+
+    ``path`` holds ``key``, ``sample`` and ``feature.*`` columns (``calibration/token_samples.py``);
+    every run of ``frame`` must have the same number of samples, so that every run's spread is
+    measured alike.
+    """
+    if not path.is_file():
+        raise InputError(f"{path}: no such file")
+    try:
+        samples = pd.read_parquet(path)
+    except Exception as exc:
+        raise InputError(f"{path}: cannot read token samples ({type(exc).__name__})") from None
+    features = [c for c in samples.columns if c.startswith("feature.")]
+    if "key" not in samples or "sample" not in samples or not features:
+        raise InputError(f"{path}: expected key, sample and feature.* columns (calibration/token_samples.py)")
+    counts = samples.groupby("key").size().reindex(frame["key"]).fillna(0).astype(int)
+    if counts.nunique() != 1 or counts.iloc[0] == 0:
+        raise InputError(
+            f"{path}: {int((counts != counts.max()).sum())} of {len(frame)} labelled runs lack some token samples; "
+            "rerun calibration/token_samples.py on these runs"
+        )
+    runs = frame.drop(columns=[c for c in frame.columns if c in features]).set_index("key", drop=False)
+    replicates = runs.loc[samples["key"]].reset_index(drop=True)
+    return pd.concat([replicates, samples[features].reset_index(drop=True)], axis=1)[frame.columns]
+
+
 def fixed_settings(frame: pd.DataFrame) -> dict[str, Any]:
     """Training settings every run shares; a config that differs lies outside the calibration."""
     out = {}

@@ -9,6 +9,10 @@ Three held-out validations, each stricter than the last about what "unseen" mean
 * **leave-scale-out** (the headline): fit on every run below the largest width and the largest
   depth, score the runs at the largest width or depth: a model asked to extrapolate in size.
 
+With more token samples of each run's screen (``calibrate --token-samples``), each feature set's
+held-out fits also predict the edge from every sample of each run they did not see: how far the
+predicted edge moves with nothing but the screen's own token sample (issue 13).
+
 AUROC intervals are group-bootstrap percentiles (architectures resampled, not runs, since runs of
 one architecture are not independent).
 """
@@ -22,6 +26,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from rksp_cli.risk.assessment import EDGE_LEVEL
 from rksp_cli.risk.estimator import FOLDS, DivergenceModel
 from rksp_cli.risk.features import FEATURE_SETS, SHIPPED, architecture_groups, column
 
@@ -99,12 +104,49 @@ def metrics(y: np.ndarray, score: np.ndarray, groups: np.ndarray, family: np.nda
 Make = Callable[[], DivergenceModel]
 
 
+Fits = list[tuple[DivergenceModel, np.ndarray]]  # (a model, the rows it never saw)
+EDGE_SPREAD_BAR = 1.25  # issue 13: the edge of one model may move at most this much between token samples
+
+
+def held_out_fits(frame: pd.DataFrame, y: np.ndarray, splits: list[tuple[np.ndarray, np.ndarray]], make: Make) -> Fits:
+    """One model per split, fitted on its training rows alone."""
+    return [(make().fit(frame.iloc[train], y[train]), test) for train, test in splits]
+
+
 def held_out(frame: pd.DataFrame, y: np.ndarray, splits: list[tuple[np.ndarray, np.ndarray]], make: Make) -> np.ndarray:
     """P(diverged) for every test row, each from a model fitted on its split's training rows alone."""
+    return _probabilities(frame, held_out_fits(frame, y, splits, make))
+
+
+def _probabilities(frame: pd.DataFrame, fits: Fits) -> np.ndarray:
     p = np.full(len(frame), np.nan)
-    for train, test in splits:
-        p[test] = make().fit(frame.iloc[train], y[train]).predict_proba(frame.iloc[test])[:, 1]
+    for model, test in fits:
+        p[test] = model.predict_proba(frame.iloc[test])[:, 1]
     return p
+
+
+def edge_spread(frame: pd.DataFrame, fits: Fits, samples: pd.DataFrame, level: float = EDGE_LEVEL) -> dict[str, Any]:
+    """How far each held-out run's predicted edge moves over its token samples (max / min).
+
+    ``samples``: the runs' other token samples (``read_token_samples``). Runs whose edge is not
+    finite in some sample (no lr reaches the level) are counted apart.
+    """
+    ratios = []
+    for model, test in fits:
+        rows = frame.iloc[test]
+        mine = samples[samples["key"].isin(rows["key"])]
+        edges = pd.DataFrame({"key": [*rows["key"], *mine["key"]],
+                              "edge": [*model.edge(rows, level), *model.edge(mine, level)]})  # fmt: skip
+        per_run = edges.groupby("key")["edge"].agg(["min", "max"])
+        ratios.extend((per_run["max"] / per_run["min"]).to_numpy(float))
+    r = np.asarray(ratios)
+    finite = r[np.isfinite(r) & (r > 0)]
+    if not finite.size:
+        return {"runs": len(r), "unresolved": len(r)}
+    return {
+        "runs": len(r), "unresolved": int(len(r) - finite.size), "median": float(np.median(finite)),
+        "p90": float(np.percentile(finite, 90)), "within_bar": float(np.mean(finite <= EDGE_SPREAD_BAR)),
+    }  # fmt: skip
 
 
 def architecture_splits(groups: np.ndarray, folds: int = FOLDS) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -134,8 +176,9 @@ BASELINE_SCORES = {  # score column, is it a probability?
 
 
 def evaluate(frame: pd.DataFrame, label: str = "label", method: str = "sigmoid", C: float = 1.0,
-             n_boot: int = BOOTSTRAP_CI) -> dict[str, Any]:  # fmt: skip
-    """The held-out report: the three validations of the shipped model, every feature set, the baselines."""
+             n_boot: int = BOOTSTRAP_CI, token_samples: pd.DataFrame | None = None) -> dict[str, Any]:  # fmt: skip
+    """The held-out report: the three validations of the shipped model, every feature set, the baselines;
+    with ``token_samples`` (``read_token_samples``), each feature set's held-out ``edge_spread``."""
     y = frame[label].to_numpy(int)
     groups = architecture_groups(frame).to_numpy()
     family = frame.get("config.model.norm", pd.Series("", index=frame.index)).fillna("").astype(str).to_numpy()
@@ -153,7 +196,8 @@ def evaluate(frame: pd.DataFrame, label: str = "label", method: str = "sigmoid",
             "reliability": reliability(y[test], p[test]),
         }
     arch = architecture_splits(groups)
-    p_arch = held_out(frame, y, arch, make())
+    fits_arch = held_out_fits(frame, y, arch, make())
+    p_arch = _probabilities(frame, fits_arch)
     validations["leave-architecture-out"] = metrics(y, p_arch, groups, family, True, n_boot) | {
         "reliability": reliability(y, p_arch),
         "auroc_by_family": {f: auroc(y[family == f], p_arch[family == f]) for f in sorted(set(family))},
@@ -170,8 +214,10 @@ def evaluate(frame: pd.DataFrame, label: str = "label", method: str = "sigmoid",
 
     models = {}
     for name, features in FEATURE_SETS.items():
-        p = p_arch if name == SHIPPED else held_out(frame, y, arch, make(features))
-        models[name] = metrics(y, p, groups, family, True, n_boot)
+        fits = fits_arch if name == SHIPPED else held_out_fits(frame, y, arch, make(features))
+        models[name] = metrics(y, _probabilities(frame, fits), groups, family, True, n_boot)
+        if token_samples is not None:
+            models[name]["edge_spread"] = edge_spread(frame, fits, token_samples)
     baselines = {}
     for name, (col, is_probability) in BASELINE_SCORES.items():
         score = np.nan_to_num(column(frame, col).to_numpy(float), nan=np.nan, posinf=1e300)
@@ -184,6 +230,7 @@ def evaluate(frame: pd.DataFrame, label: str = "label", method: str = "sigmoid",
         "label": label,
         "label_description": describe_label(frame, label),
         "method": method,
+        "token_samples": None if token_samples is None else 1 + len(token_samples) // max(len(frame), 1),
         "validations": validations,
         "models": models,
         "baselines": baselines,
