@@ -61,6 +61,10 @@ class DMDSettings:
     # (design choice, issue 13's cost bar); NaN when off.
     kappa: bool = False
     degenerate_tol: float = 1e-3  # design choice: ||Y~ - X~|| / ||X~|| below this is "identity"
+    # With the token states' sequences known, eta_nl is read on groups of whole sequences holding about
+    # this many states and averaged (``_eta_on_blocks``): the sample every calibration screen drew, so
+    # that the risk model reads eta_nl as it was fitted at any probe.tokens >= it. None: whole sample.
+    eta_tokens: int | None = 2048
 
 
 @dataclass
@@ -104,37 +108,85 @@ def spectral_masses(eigenvalues: torch.Tensor) -> dict[str, float]:
     )
 
 
-def layer_spectrum(X: torch.Tensor, Y: torch.Tensor, settings: DMDSettings = DMDSettings()) -> LayerSpectrum:
-    """Profile one transition from snapshot matrices ``X`` (h_l) and ``Y`` (h_{l+1}), each (d, N)."""
+def layer_spectrum(
+    X: torch.Tensor, Y: torch.Tensor, settings: DMDSettings = DMDSettings(), sequences: torch.Tensor | None = None
+) -> LayerSpectrum:
+    """Profile one transition from snapshot matrices ``X`` (h_l) and ``Y`` (h_{l+1}), each (d, N).
+
+    ``sequences`` (N ints, optional): the input sequence each token state comes from, which fixes
+    the sample eta_nl is read on (``DMDSettings.eta_tokens``).
+    """
     if X.shape != Y.shape or X.ndim != 2:
         raise ValueError(f"X and Y must be (d, N) matrices of one shape, got {tuple(X.shape)} and {tuple(Y.shape)}")
     if X.shape[1] < 2:
         raise ValueError("DMD needs at least 2 token states")
     X = X.to(torch.float64)
     Y = Y.to(torch.float64)
+    fitted = _fit(X, Y, settings)
+    if fitted is None:
+        return _no_variance(X.shape[0])
+    fit, name = fitted
+    return _analyse(fit, settings, name, eta=_eta_on_blocks(X, Y, sequences, settings, fit))
+
+
+def _fit(X: torch.Tensor, Y: torch.Tensor, settings: DMDSettings) -> tuple[_Fit, str] | None:
+    """The whitened operator of ``settings.rank``'s estimator and its name; None when X has no variance."""
     if settings.rank == "full":
         Xw, Yw = _whiten_full(X, Y, settings.eps)
         U, S, Vh = torch.linalg.svd(Xw, full_matrices=False)
         # Y~ X~^+ cut at the rank `auto` uses: pinv's own cut keeps round-off the whitening amplified
         r = _thin_svd(X - X.mean(1, keepdim=True))[1].numel()
         A = Yw @ (Vh[:r].T / S[:r]) @ U[:, :r].T
-        fit = _Fit.of(A, Xw, Yw, r, grams=settings.residual_tol is not None)
-        return _analyse(fit, settings, "full whitened DMD (d x d)")
+        return _Fit.of(A, Xw, Yw, r, grams=settings.residual_tol is not None), "full whitened DMD (d x d)"
     Xc, Yc = X - X.mean(1, keepdim=True), Y - Y.mean(1, keepdim=True)
     if settings.rank != "auto":
         W = subspace_whitening(Xc, int(settings.rank), settings.eps)
         if W.shape[0] == 0:
-            return _no_variance(X.shape[0])
+            return None
         Xw, Yw, r = W @ Xc, W @ Yc, W.shape[0]
-        name = f"whitened DMD in the leading {r}-dim principal subspace"
         fit = _Fit.of(fit_operator(Xw, Yw), Xw, Yw, r, grams=settings.residual_tol is not None)
-        return _analyse(fit, settings, name)
+        return fit, f"whitened DMD in the leading {r}-dim principal subspace"
     fit = _data_subspace_fit(Xc, Yc, settings)
     if fit is None:
-        return _no_variance(X.shape[0])
+        return None
     r, d = fit.rank, X.shape[0]
-    name = "whitened DMD" if r == d else f"whitened DMD in the {r}-dim data subspace (d={d})"
-    return _analyse(fit, settings, name)
+    return fit, "whitened DMD" if r == d else f"whitened DMD in the {r}-dim data subspace (d={d})"
+
+
+def _eta_on_blocks(
+    X: torch.Tensor, Y: torch.Tensor, sequences: torch.Tensor | None, settings: DMDSettings, whole: _Fit
+) -> float:
+    """eta_nl on the sample a calibration screen draws: the mean over groups of whole sequences
+    that hold about ``settings.eta_tokens`` token states each.
+
+    Why: eta_nl is an in-sample fit error, and the states of one sequence share its prefix, so the
+    fewer sequences a sample holds, the better a linear map fits it. Measured at d = 512 (pre-LN, 4
+    blocks, 32-token sequences, layer 2 of an N = 8192 screen): 0.30 on groups of 64 sequences
+    (2048 states, an N = 2048 screen's sample), 0.37 on random 2048 of the 8192 states and on all of
+    them. The degrees-of-freedom correction (``_eta``) makes the estimate independent of N at a
+    fixed number of sequences, not of the sequences; a larger screen draws more of them. The risk
+    model was fitted on eta_nl at N = 2048, so an N = 8192 screen fed it a value from another
+    sample design and moved the edge 1.27x from N = 4096 (issue 13). Groups of whole sequences keep
+    the design fixed, and averaging them uses every state to lower the noise. The last group ends
+    at the last sequence and may overlap the one before. Design choice. Without ``sequences``, at
+    or below ``eta_tokens`` states, with ``eta_tokens=None``, and when d >= ``eta_tokens`` - 1
+    (a group's fit would be exact), the whole sample (the screen warns when N < ``eta_tokens``).
+    """
+    block, (d, n) = settings.eta_tokens, X.shape
+    if sequences is None or block is None or n <= block or d >= block - 1:
+        return _eta(whole, settings.eta_eps)
+    ids, column_ids = torch.unique(sequences, return_inverse=True)  # sequence ids -> 0 .. n_seq - 1
+    n_seq = ids.numel()
+    per_group = max(1, round(block * n_seq / n))
+    plain = DMDSettings(rank=settings.rank, eps=settings.eps, eta_eps=settings.eta_eps)  # no filter, no grams
+    etas = []
+    for first in [*range(0, n_seq - per_group, per_group), n_seq - per_group]:
+        cols = ((column_ids >= first) & (column_ids < first + per_group)).nonzero().squeeze(1)
+        fitted = _fit(X[:, cols], Y[:, cols], plain) if cols.numel() > d + 1 else None
+        etas.append(_eta(fitted[0], settings.eta_eps) if fitted is not None else math.nan)
+    if any(math.isnan(e) for e in etas):  # a group without variance or without residual degrees of freedom
+        return _eta(whole, settings.eta_eps)
+    return float(sum(etas) / len(etas))
 
 
 @dataclass(frozen=True)
@@ -299,8 +351,8 @@ def fit_operator(Xw: torch.Tensor, Yw: torch.Tensor) -> torch.Tensor:
     return Yw @ Xw.T @ torch.linalg.inv(Xw @ Xw.T)
 
 
-def _analyse(fit: _Fit, settings: DMDSettings, name: str) -> LayerSpectrum:
-    """Eigenvalues, kappa(V), ResDMD filter, eta_nl and masses of a fitted operator.
+def _analyse(fit: _Fit, settings: DMDSettings, name: str, eta: float) -> LayerSpectrum:
+    """Eigenvalues, kappa(V), ResDMD filter and masses of a fitted operator, with its ``eta``.
 
     Eigenvectors are computed only when kappa(V) or the ResDMD filter needs them; otherwise the
     eigenvalues come from a float32 solve (``_eigenvalues``).
@@ -340,7 +392,7 @@ def _analyse(fit: _Fit, settings: DMDSettings, name: str) -> LayerSpectrum:
         kept=kept,
         spectral_radius=float(lam.abs().max()) if lam.numel() else float("nan"),
         kappa=kappa,
-        eta_nl=_eta(fit, settings.eta_eps),
+        eta_nl=eta,
         update_ratio=update_ratio,
         degenerate=update_ratio < settings.degenerate_tol,
         filter_fallback=fallback,
@@ -378,9 +430,10 @@ def _eta(fit: _Fit, eps: float) -> float:
 
     An in-sample least-squares residual is biased low by the r parameters per output that the fit
     spent on N - 1 centred samples: E[RSS] = (N - 1 - r) sigma^2. Scaling by sqrt((N - 1) / (N - 1 - r))
-    makes eta_nl estimate the same quantity at every width and sample size (design choice; measured
-    at d = 512, layer means: 0.27 -> 0.40 uncorrected, 0.33 -> 0.41 corrected, for N = 1024 -> 8192). With
-    r >= N - 1 the fit is exact and leaves no residual to measure: NaN.
+    removes most of the sample-size dependence (design choice; measured at d = 512, layer means:
+    0.27 -> 0.40 uncorrected, 0.33 -> 0.41 corrected, for N = 1024 -> 8192); ``_eta_on_blocks``
+    removes the rest above the calibration's N. With r >= N - 1 the fit is exact and leaves no
+    residual to measure: NaN.
     """
     if fit.residual_sq is None:
         return float("nan")

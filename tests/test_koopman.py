@@ -212,3 +212,53 @@ def test_an_operator_beyond_float32_range_is_solved_in_float64():
     spec = layer_spectrum(X, 1e40 * X)  # a block that scales its input by 1e40: A = 1e40 I
     assert spec.spectral_radius == pytest.approx(1e40, rel=1e-9)
     assert spec.expansive_mass == 1.0
+
+
+def _sequences(n_seq: int, per_seq: int, d: int, seed: int, B: torch.Tensor):
+    """Token states that share their sequence's context, as a prefix makes them: Y = X + tanh(B X)."""
+    g = torch.Generator().manual_seed(seed)
+    context = torch.randn(d, n_seq, generator=g, dtype=torch.float64)
+    X = context.repeat_interleave(per_seq, 1) + 0.5 * torch.randn(d, n_seq * per_seq, generator=g, dtype=torch.float64)
+    return X, X + torch.tanh(B @ X), torch.arange(n_seq).repeat_interleave(per_seq)
+
+
+def test_eta_nl_of_a_larger_screen_is_read_on_the_calibrations_sample_design():
+    """A linear map fits states of fewer sequences better, so eta_nl over all of a 4x larger sample
+    (4x the sequences) reads higher than a calibration-size sample's; read on groups of whole
+    sequences of the calibration's size it estimates the same value. Tolerance: 3 standard errors of
+    the difference, from the samples' own spread."""
+    d = 24
+    B = 1.5 * torch.randn(d, d, generator=torch.Generator().manual_seed(99), dtype=torch.float64) / math.sqrt(d)
+    settings = DMDSettings(eta_tokens=256)
+    small = torch.tensor([layer_spectrum(*_sequences(32, 8, d, k, B)[:2], settings).eta_nl for k in range(20)])
+    grouped, whole = [], []
+    for k in range(5):
+        X, Y, sequences = _sequences(128, 8, d, 100 + k, B)
+        grouped.append(layer_spectrum(X, Y, settings, sequences).eta_nl)
+        whole.append(layer_spectrum(X, Y, settings).eta_nl)  # no sequences: the whole sample
+    grouped, whole = torch.tensor(grouped), torch.tensor(whole)
+    se = math.sqrt(small.var() / small.numel() + grouped.var() / grouped.numel())
+    assert abs(float(grouped.mean() - small.mean())) < 3 * se
+    assert float(whole.mean() - small.mean()) > 3 * se
+
+
+def test_eta_nl_groups_are_whole_sequences_and_the_eigenvalues_use_every_state():
+    X, Y = _snapshots(6, 250)
+    sequences = torch.arange(250) // 25  # 10 sequences of 25 states; 100 states = 4 sequences
+    spec = layer_spectrum(X, Y, DMDSettings(eta_tokens=100), sequences)
+    whole = DMDSettings(eta_tokens=None)
+    groups = [(0, 100), (100, 200), (150, 250)]  # sequences 0-3, 4-7 and the last four, 6-9
+    parts = [layer_spectrum(X[:, a:b], Y[:, a:b], whole).eta_nl for a, b in groups]
+    assert spec.eta_nl == pytest.approx(sum(parts) / 3, rel=1e-12)
+    assert torch.equal(spec.eigenvalues, layer_spectrum(X, Y, whole).eigenvalues)
+
+
+def test_eta_nl_groups_change_nothing_at_or_below_eta_tokens_or_when_a_group_would_fit_exactly():
+    X, Y = _snapshots(6, 100)
+    sequences = torch.arange(100) // 10
+    whole = layer_spectrum(X, Y, DMDSettings(eta_tokens=None)).eta_nl
+    assert layer_spectrum(X, Y, DMDSettings(eta_tokens=100), sequences).eta_nl == whole
+    X, Y = _snapshots(12, 40)  # d >= eta_tokens - 1: a group's fit is exact, so the whole sample is read
+    exact = layer_spectrum(X, Y, DMDSettings(eta_tokens=10), torch.arange(40) // 4)
+    assert math.isfinite(exact.eta_nl)
+    assert exact.eta_nl == layer_spectrum(X, Y, DMDSettings(eta_tokens=None)).eta_nl

@@ -272,5 +272,6 @@ def test_an_infinite_kappa_is_reported_not_dropped_silently():
     X = torch.randn(8, 200, dtype=torch.float64)
     spectra = [layer_spectrum(X, 1.1 * X, DMDSettings()) for _ in range(2)]
     spectra[1].kappa = float("inf")  # what a defective operator reports
-    warnings = _warnings(spectra, d=8, n_tokens=200, distinct=200, rank="auto")
+    warnings = _warnings(spectra, d=8, n_tokens=200, distinct=200, settings=DMDSettings())
     assert any("κ(V) is infinite" in w and "[1]" in w for w in warnings)
+    assert any("below the 2048 token states" in w for w in warnings)  # η_nl reads low on 200 states
