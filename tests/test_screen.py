@@ -275,3 +275,21 @@ def test_an_infinite_kappa_is_reported_not_dropped_silently():
     warnings = _warnings(spectra, d=8, n_tokens=200, distinct=200, settings=DMDSettings())
     assert any("κ(V) is infinite" in w and "[1]" in w for w in warnings)
     assert any("below the 2048 token states" in w for w in warnings)  # η_nl reads low on 200 states
+
+
+def test_distinct_columns_drop_exact_repeats_only_and_keep_order():
+    from rksp_cli.screen import _distinct_columns
+
+    g = torch.Generator().manual_seed(0)
+    X, Y = torch.randn(6, 40, generator=g), torch.randn(6, 40, generator=g)
+    X[:, 7], Y[:, 7] = X[:, 3], Y[:, 3]  # a repeat of column 3
+    X[:, 9], Y[:, 9] = X[:, 3], Y[:, 3]  # and another
+    X[:, 12] = X[:, 5]  # same input, other output: a different transition, kept
+    X[:, 20], Y[:, 20] = -X[:, 21] * 0.0, Y[:, 21]  # -0.0 equals 0.0
+    X[:, 21] = X[:, 21] * 0.0
+    X[:, 30] = X[:, 31]
+    X[0, 30] = torch.nextafter(X[0, 31], torch.tensor(1e9))  # one ulp apart: distinct
+    Y[:, 30] = Y[:, 31]
+    Xd, Yd, kept = _distinct_columns(X, Y)
+    assert kept.tolist() == [i for i in range(40) if i not in (7, 9, 21)]
+    assert torch.equal(Xd, X[:, kept]) and torch.equal(Yd, Y[:, kept])
