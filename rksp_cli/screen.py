@@ -6,6 +6,7 @@ calls this and renders the result.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable
@@ -237,9 +238,9 @@ def _measure(
     soon as its two states exist (only h_l and h_{l+1} are held at a time).
 
     A transition's eigenvalue solve, which LAPACK runs on one core, goes to a worker thread and
-    overlaps the next block's forward pass; one solve is in flight at a time, so memory stays at
-    one operator. ``dmd_seconds`` is the time the main thread spends on the spectra, waiting for
-    a solve included."""
+    overlaps the next block's forward pass (unless torch is pinned to one thread); one solve is in
+    flight at a time, so memory stays at one operator. ``dmd_seconds`` is the time the main
+    thread spends on the spectra, waiting for a solve included."""
     gen = torch.Generator().manual_seed(token_seed)
     ids = screen_batch(spec.probe.input, spec.probe.tokens, subject.vocab_size, subject.seq_len, gen)
     positions = sample_positions(ids.numel(), spec.probe.tokens, gen)
@@ -250,7 +251,8 @@ def _measure(
     distinct = spec.probe.tokens
     previous: list[torch.Tensor] = []
     solving: list[Future[LayerSpectrum]] = []  # the one eigenvalue solve in flight
-    solver = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rksp-eig")
+    # with one torch thread the user asked for one core: solve in line
+    solver = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rksp-eig") if torch.get_num_threads() > 1 else None
 
     def collect() -> None:
         if solving:
@@ -273,14 +275,17 @@ def _measure(
             prepared = prepare_spectrum(X.to(device), Y.to(device), settings, sequences[kept])
             del X, Y
             collect()
-            solving.append(solver.submit(prepared.finish))
+            if solver is None:
+                spectra.append(prepared.finish())
+            else:
+                solving.append(solver.submit(prepared.finish))
             release_free_memory()
             dmd_seconds.append(time.perf_counter() - t_layer)
             if on_layer is not None:
                 on_layer(index, subject.n_layers)
         previous.append(state)
 
-    with solver:
+    with solver or contextlib.nullcontext():
         capture = capture_residual_stream(subject.blocks, lambda: subject.forward(ids), positions, on_state=consume)
         t_last = time.perf_counter()
         collect()

@@ -293,3 +293,16 @@ def test_distinct_columns_drop_exact_repeats_only_and_keep_order():
     Xd, Yd, kept = _distinct_columns(X, Y)
     assert kept.tolist() == [i for i in range(40) if i not in (7, 9, 21)]
     assert torch.equal(Xd, X[:, kept]) and torch.equal(Yd, Y[:, kept])
+
+
+def test_the_overlapped_eigenvalue_solve_gives_the_numbers_of_the_in_line_one(monkeypatch):
+    """With more than one torch thread the solves run on a worker thread, with one in line; the
+    same LAPACK call on the same operator, so the same numbers, bit for bit."""
+    spec = spec_from_dict({"model": {"d_model": 32, "n_layers": 3, "n_heads": 4}, "probe": {"tokens": 256}})
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    overlapped = screen(spec)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)  # the forward pass keeps its threads
+    in_line = screen(spec)
+    for a, b in zip(overlapped.spectra, in_line.spectra, strict=True):
+        assert torch.equal(a.eigenvalues, b.eigenvalues) and a.eta_nl == b.eta_nl
+    assert overlapped.features == in_line.features
