@@ -62,7 +62,7 @@ class DMDSettings:
     kappa: bool = False
     degenerate_tol: float = 1e-3  # design choice: ||Y~ - X~|| / ||X~|| below this is "identity"
     # With the token states' sequences known, eta_nl is read on groups of whole sequences holding about
-    # this many states and averaged (``_eta_on_blocks``): the sample every calibration screen drew, so
+    # this many states and averaged (``_eta_on_sequence_groups``): the sample every calibration screen drew, so
     # that the risk model reads eta_nl as it was fitted at any probe.tokens >= it. None: whole sample.
     eta_tokens: int | None = 2048
 
@@ -152,7 +152,7 @@ def prepare_spectrum(
     if fitted is None:
         return PreparedSpectrum(None, "none", math.nan, X.shape[0], settings)
     fit, name = fitted
-    return PreparedSpectrum(fit, name, _eta_on_blocks(X, Y, sequences, settings, fit), X.shape[0], settings)
+    return PreparedSpectrum(fit, name, _eta_on_sequence_groups(X, Y, sequences, settings, fit), X.shape[0], settings)
 
 
 def _fit(X: torch.Tensor, Y: torch.Tensor, settings: DMDSettings) -> tuple[_Fit, str] | None:
@@ -179,7 +179,7 @@ def _fit(X: torch.Tensor, Y: torch.Tensor, settings: DMDSettings) -> tuple[_Fit,
     return fit, "whitened DMD" if r == d else f"whitened DMD in the {r}-dim data subspace (d={d})"
 
 
-def _eta_on_blocks(
+def _eta_on_sequence_groups(
     X: torch.Tensor, Y: torch.Tensor, sequences: torch.Tensor | None, settings: DMDSettings, whole: _Fit
 ) -> float:
     """eta_nl on the sample a calibration screen draws: the mean over groups of whole sequences
@@ -457,7 +457,7 @@ def _eta(fit: _Fit, eps: float) -> float:
     An in-sample least-squares residual is biased low by the r parameters per output that the fit
     spent on N - 1 centred samples: E[RSS] = (N - 1 - r) sigma^2. Scaling by sqrt((N - 1) / (N - 1 - r))
     removes most of the sample-size dependence (design choice; measured at d = 512, layer means:
-    0.27 -> 0.40 uncorrected, 0.33 -> 0.41 corrected, for N = 1024 -> 8192); ``_eta_on_blocks``
+    0.27 -> 0.40 uncorrected, 0.33 -> 0.41 corrected, for N = 1024 -> 8192); ``_eta_on_sequence_groups``
     removes the rest above the calibration's N. With r >= N - 1 the fit is exact and leaves no
     residual to measure: NaN.
     """
