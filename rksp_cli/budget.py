@@ -29,6 +29,7 @@ MATMUL_FLOPS_PER_THREAD = 3.5e10
 EIG_FLOPS = 2.0e10
 INIT_PARAMETERS_PER_SECOND = 5.0e7
 STARTUP_SECONDS = 1.0  # the token batch and the first kernels of a tiny screen
+ETA_TOKENS = 2048  # koopman.DMDSettings.eta_tokens, kept here so that the estimate needs no torch (a test checks)
 DEFAULT_MAX_MINUTES = 60.0
 
 
@@ -94,6 +95,9 @@ def screen_cost(shape: ModelShape, tokens: int, threads: int | None = None, trai
     forward = 2.0 * batch_tokens * (s.n_layers * s.block_parameters + (s.d_model * s.vocab_size if s.lm_head else 0))
     forward += 4.0 * batch_tokens * s.seq_len * s.d_model * s.n_layers
     spectra = s.n_layers * (6.0 * s.d_model * tokens * r + 30.0 * r**3)
+    if tokens > ETA_TOKENS and s.d_model < ETA_TOKENS - 1:  # eta_nl refitted on groups of ~ETA_TOKENS states
+        groups = math.ceil(tokens / ETA_TOKENS)
+        spectra += s.n_layers * groups * (6.0 * s.d_model * ETA_TOKENS * s.d_model + 10.0 * s.d_model**3)
     model_seconds = s.parameters / INIT_PARAMETERS_PER_SECOND + forward / (MATMUL_FLOPS_PER_THREAD * threads)
     spectra_seconds = spectra / EIG_FLOPS
     return Cost(

@@ -306,3 +306,17 @@ def test_the_overlapped_eigenvalue_solve_gives_the_numbers_of_the_in_line_one(mo
     for a, b in zip(overlapped.spectra, in_line.spectra, strict=True):
         assert torch.equal(a.eigenvalues, b.eigenvalues) and a.eta_nl == b.eta_nl
     assert overlapped.features == in_line.features
+
+
+def test_the_cost_estimate_counts_the_eta_refits_above_the_calibrations_sample(monkeypatch):
+    from rksp_cli import budget
+    from rksp_cli.koopman import DMDSettings
+
+    assert budget.ETA_TOKENS == DMDSettings().eta_tokens  # kept apart so that the estimate needs no torch
+    shape = budget.ModelShape(parameters=10**7, block_parameters=10**6, n_layers=4, d_model=256, vocab_size=256,
+                              seq_len=32, n_heads=4, lm_head=True, streamed=False)  # fmt: skip
+    with_refits = budget.screen_cost(shape, 8192, threads=2).seconds
+    at_calibration_size = budget.screen_cost(shape, 2048, threads=2).seconds
+    monkeypatch.setattr(budget, "ETA_TOKENS", 10**9)  # as if eta_nl were read on the whole sample
+    assert with_refits > budget.screen_cost(shape, 8192, threads=2).seconds
+    assert budget.screen_cost(shape, 2048, threads=2).seconds == at_calibration_size  # no refit at 2048 states
