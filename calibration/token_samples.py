@@ -1,13 +1,12 @@
 """Screen every labelled run's init on more token samples: the measurement noise the fit must see.
 
-A screen reads one sample of N token states, so its features carry sampling noise; a risk model
-fitted on one sample per run cannot tell a contrast between features that predicts divergence
-from one that is mostly that noise, and it amplifies the noise into the predicted edge (issue 13:
-the edge moved 1.6x between token samples of one d = 768 model while every mass stayed within
-0.02). ``rksp calibrate --token-samples`` fits on every sample of every run instead, so a
-coefficient only grows where the features differ between runs by more than they differ between
-samples of one run (regression on noisy replicates; the held-out report still scores each run's
-own sample alone, as a user's screen is one sample).
+A screen reads one sample of N token states, so its features carry sampling noise, and a risk
+model can amplify that noise into the predicted edge (issue 13: the edge moved 1.6x between token
+samples of one d = 768 model while every mass stayed within 0.02). ``rksp calibrate
+--token-samples`` reads these samples to report how far each feature set's held-out edge moves
+between them, and ``tests/test_calibration_data.py`` re-measures from them which spectral means
+are too noisy for products (``rksp_cli.risk.features.NOISY``). (Fitting on every sample of every
+run was tried and not kept: README, "The risk number".)
 
 Each distinct init (model, probe settings and seed) is screened once with ``--spread``'s extra
 token samples (seed + k * 1000003, k = 1 .. K-1); every run of that init gets its rows. Resumable
@@ -48,7 +47,6 @@ def _screen(config: dict[str, Any], samples: int) -> list[dict[str, float]]:
 
     from rksp_cli.risk import RuleBasedRisk
     from rksp_cli.screen import screen
-    from rksp_cli.spec import spec_from_dict
 
     torch.set_num_threads(1)
     spec = spec_from_dict(config, source="token samples")

@@ -9,14 +9,15 @@ risk number"):
   kappa alone moved the score by 0.32 at d = 512. The means are stable; their products (a
   quadratic in the spectra and the init scale) recover what the extremes carried about the
   normalisation family (leave-architecture-out AUROC 0.89 linear, 0.97 with the products).
-* **No products of the gap mass.** The gap band (0.90-0.95) is narrow, so its mass is the noisiest
-  spectral mean relative to how much it differs between runs: over 4 token samples of each of
-  the 1040 calibration screens (``calibration/token_samples.py``) its within-run spread is 1/6 of
+* **No products of the gap mass.** The gap band (0.80-0.90) holds few eigenvalues, so its mass is
+  the noisiest spectral mean relative to how much it differs between runs: over 4 token samples
+  of each of the 1040 calibration screens (``calibration/token_samples.py``) its within-run spread is 1/6 of
   its between-run spread, against 1/29 to 1/100 for the other means. A product adds its factors'
   relative noise, and the fit leaned on gap-mass products with large opposite-signed weights that
   turned that noise into a moving edge. Without them the held-out edge moves less between token
   samples of one run (90th percentile 2.48x -> 1.94x) at an AUROC cost of 0.008 (README, "The
-  risk number"). Rule: products only of features at least 10x noisier between runs than within.
+  risk number"). Rule: products only of features that differ between runs by at least 10x their
+  within-run spread.
 * **Scale as a law.** Depth and width enter as log2, linearly, lr as log10 and nothing multiplies
   the lr: the log stable edge is linear in log width and log depth (a power law, as published lr
   tables are) and the risk is monotone in lr at any size, inside the calibrated box or not. No
