@@ -78,7 +78,7 @@ def bare_forward(config: str, extra: list[str]) -> None:
     from rksp_cli.models import build_subject
     from rksp_cli.spec import load_spec
 
-    spec = load_spec(HERE / "configs" / config, [v for k, v in zip(extra[::2], extra[1::2], strict=True)])
+    spec = load_spec(HERE / "configs" / config, extra[1::2])  # extra: ["--set", "field=value", ...]
     t0 = time.perf_counter()
     subject = build_subject(spec.model, spec.probe.seed)
     t1 = time.perf_counter()
