@@ -67,7 +67,7 @@ def run(name: str) -> dict:
     return out
 
 
-def bare_forward(config: str, extra: list[str]) -> None:
+def bare_forward(config: str, extra: list[str], device: str = "cpu") -> None:
     """Build the screen's model and run one no-grad forward pass on the screen's tokens; print the
     times. torch's default thread count, as ``rksp screen``'s."""
     import time
@@ -75,23 +75,27 @@ def bare_forward(config: str, extra: list[str]) -> None:
     import torch
 
     from rksp_cli.data import screen_batch
-    from rksp_cli.models import build_subject
+    from rksp_cli.models import BuildOptions, build_subject
     from rksp_cli.spec import load_spec
 
     spec = load_spec(HERE / "configs" / config, extra[1::2])  # extra: ["--set", "field=value", ...]
     t0 = time.perf_counter()
-    subject = build_subject(spec.model, spec.probe.seed)
+    subject = build_subject(spec.model, spec.probe.seed, BuildOptions(device=device))
     t1 = time.perf_counter()
     gen = torch.Generator().manual_seed(spec.probe.seed)
     ids = screen_batch(spec.probe.input, spec.probe.tokens, subject.vocab_size, subject.seq_len, gen)
     with torch.no_grad():
         subject.forward(ids)
+    if device != "cpu":
+        torch.cuda.synchronize()
     print(json.dumps({"build": t1 - t0, "forward": time.perf_counter() - t1}))
 
 
 def main() -> None:
-    if sys.argv[1:2] == ["--bare"]:
-        return bare_forward(sys.argv[2], sys.argv[3:])
+    if sys.argv[1:2] == ["--bare"]:  # --bare CONFIG [--device D] [--set field=value ...]
+        rest = sys.argv[3:]
+        device = rest[1] if rest[:1] == ["--device"] else "cpu"
+        return bare_forward(sys.argv[2], rest[2:] if rest[:1] == ["--device"] else rest, device)
     names = sys.argv[1:] or list(CASES)
     results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     print("| case | bar | wall (s) | peak RSS (GB) | build (s) | forward (s) | DMD (s) | bare wall (s) | bare "

@@ -65,6 +65,9 @@ class _OneLineUsageErrors(typer.core.TyperGroup):
         return rv
 
 
+# where a command's models run; weights and tokens are drawn on the CPU first, so only round-off depends on it
+DeviceOption = Annotated[str, typer.Option("--device", help="cpu or cuda[:N]: where the models run.")]
+
 app = typer.Typer(
     cls=_OneLineUsageErrors,
     name="rksp",
@@ -139,7 +142,7 @@ def screen(
         typer.Option("--stream/--no-stream", help="Materialise one block at a time (default: above 2 GiB of weights)."),
     ] = None,
     profile: Annotated[bool, typer.Option("--profile", help="Print where the time went, per layer.")] = False,
-    device: Annotated[str, typer.Option("--device", help="cpu or cuda[:N] for the forward pass and the DMD.")] = "cpu",
+    device: DeviceOption = "cpu",
     report: Annotated[Path | None, typer.Option("--report", help="Write a self-contained HTML report (.html).")] = None,
     plot: Annotated[
         Path | None, typer.Option("--plot", metavar="FILE", help="Write the eigenvalue figure alone (.png).")
@@ -218,7 +221,7 @@ def screen(
     _write_figures(result, risk_model, report, plot, console)
     risk = result.risk.risk
     if not math.isfinite(risk):  # never a pass: exit 3 with the reason
-        hint = "; set it (--set training.lr=...) to score the run" if spec.training.lr is None else ""
+        hint = "; set it (--set training.lr=...) to score the run" if "lr is not set" in result.risk.reason else ""
         _fail(UnassessableError(f"no risk was scored: {result.risk.reason}{hint}"))
     if fail_above is not None:  # the risk, or the interval's top when extrapolated, or the spread's highest
         gated, what = result.risk.gated
@@ -244,6 +247,7 @@ def probe(
     set_: Annotated[list[str] | None, typer.Option("--set", help="Override a field (repeatable).")] = None,
     json_: Annotated[bool, typer.Option("--json", help="Print the labelled row as JSON.")] = False,
     kss: Annotated[bool, typer.Option("--kss", help="Train with Koopman Spectral Shaping (alpha 0.15).")] = False,
+    device: DeviceOption = "cpu",
 ) -> None:
     """Train the configuration briefly and label whether it diverged (ground truth for calibration)."""
     from rksp_cli import render
@@ -258,7 +262,7 @@ def probe(
     try:
         spec = load_spec(path, overrides)
         with _progress("training", spec.training.steps) as advance:
-            result = run_probe(spec, on_step=lambda step, loss, grad: advance(step + 1))
+            result = run_probe(spec, on_step=lambda step, loss, grad: advance(step + 1), device=_device(device))
     except InputError as exc:
         _fail(exc)
     if json_:
@@ -281,6 +285,7 @@ def sweep(
     report: Annotated[
         bool, typer.Option("--report", help="Also write an HTML report beside the results (<out>-report.html).")
     ] = False,
+    device: DeviceOption = "cpu",
 ) -> None:
     """Screen (and with --probe, label) every point of a grid; rerun the same command to resume."""
     from rksp_cli import render
@@ -291,9 +296,10 @@ def sweep(
         _fail(InputError(f"--backend: expected local or ray, got {backend!r}"))
     _check_output("--out", out_path, ".parquet")
     try:
+        device = _device(device)
         points = load_grid(grid)
         with _progress("sweep", len(points), failures=True) as advance:
-            frame = run_sweep(points, out_path, probe_, workers, backend, address, on_progress=advance)
+            frame = run_sweep(points, out_path, probe_, workers, backend, address, advance, device)
     except InputError as exc:
         _fail(exc)
     render.render_sweep(frame, out_path, out)
@@ -334,6 +340,7 @@ def ladder(
     backend: Annotated[str, typer.Option("--backend", help="local or ray.")] = "local",
     address: Annotated[str | None, typer.Option("--address", help="Ray cluster address (e.g. auto).")] = None,
     json_: Annotated[bool, typer.Option("--json", help="Print the fit and prediction as JSON.")] = False,
+    device: DeviceOption = "cpu",
 ) -> None:
     """Probe width/depth-scaled proxies of a target across lrs; fit the edge against scale; predict the target's.
 
@@ -363,7 +370,7 @@ def ladder(
                 console.print(f"round {round_ + 1}: {points} probes", style="dim", markup=False)
                 return advance
 
-            frame = run_ladder(target, w, d, s, search, out_path, workers, backend, address, on_round)
+            frame = run_ladder(target, w, d, s, search, out_path, workers, backend, address, on_round, _device(device))
         fit = fit_ladder(frame, target)
     except InputError as exc:
         _fail(exc)
@@ -372,6 +379,13 @@ def ladder(
     else:
         render.render_ladder(fit, spec.training.lr, out)
         out.print(f"wrote {out_path}; use it: rksp screen {path} --ladder {out_path}", markup=False)
+
+
+def _device(name: str) -> str:
+    """``--device`` checked here, before any work, rather than in every worker."""
+    from rksp_cli.models import BuildOptions
+
+    return BuildOptions(device=name).device
 
 
 def _numbers(option: str, text: str, kind: type, least: float, count: int | None = None) -> list[Any]:

@@ -191,8 +191,10 @@ def run_ladder(
     backend: str = "local",
     address: str | None = None,
     on_round: Round | None = None,
+    device: str = "cpu",
 ) -> pd.DataFrame:
-    """Bracket every proxy's edge (resuming from ``out``'s journal); returns every probed row."""
+    """Bracket every proxy's edge (resuming from ``out``'s journal), each probe trained on
+    ``device``; returns every probed row."""
     store = Store(out, probe=True)
     try:
         done = store.frame()
@@ -210,7 +212,7 @@ def run_ladder(
         if not points:
             break
         progress = on_round(round_, len(points)) if on_round else None
-        frame = run_sweep(points, out, True, workers, backend, address, on_progress=progress)
+        frame = run_sweep(points, out, True, workers, backend, address, progress, device)
         failed = frame[frame["error"].notna()] if "error" in frame else frame.iloc[:0]
         if len(failed):
             raise InputError(f"{out}: a proxy probe failed ({failed['error'].iloc[0]}); see its journal row")

@@ -35,7 +35,7 @@ import torch
 from rksp_cli.budget import Budget, ModelShape, screen_cost
 from rksp_cli.errors import InputError, UnassessableError
 from rksp_cli.kss import KoopmanSpectralShaping
-from rksp_cli.models import Subject, build_subject
+from rksp_cli.models import BuildOptions, Subject, build_subject
 from rksp_cli.risk import RuleBasedRisk
 from rksp_cli.screen import ScreenResult, screen_row, screen_subject
 from rksp_cli.spec import ScreenSpec
@@ -113,8 +113,14 @@ def probe(
     on_step: StepCallback | None = None,
     budget: Budget | None = None,
     watch: WatchFactory | None = None,
+    device: str = "cpu",
 ) -> ProbeResult:
     """Screen the initialised model, then train it for ``training.steps`` steps and label the run.
+
+    ``device`` (cpu or cuda[:N]) holds the model, its training and its screens; the weights and
+    every batch are drawn on the CPU first, so the init and the data do not depend on it (the
+    arithmetic does, by round-off: a cuda run is not bit-identical to a CPU run, nor, through
+    cuda's non-deterministic backward kernels, to another cuda run).
 
     ``budget`` (default: the machine's available memory) refuses a model that cannot fit before it is built.
     ``watch`` builds, from the initialised model, its optimizer and lr schedule, something that sees
@@ -129,9 +135,9 @@ def probe(
     def check(shape: ModelShape, fields: str) -> None:
         budget.check(screen_cost(shape, spec.probe.tokens, training=True), fields)
 
-    subject = build_subject(spec.model, spec.probe.seed, check=check)  # the CPU: probes are small by design
+    subject = build_subject(spec.model, spec.probe.seed, BuildOptions(device=device), check)
     try:
-        screen, screen_error = screen_subject(subject, spec), None
+        screen, screen_error = screen_subject(subject, spec, device=device), None
     except UnassessableError as exc:
         screen, screen_error = None, str(exc)
 
@@ -158,8 +164,8 @@ def probe(
     trajectory: list[dict[str, float]] = []
     for step in range(train.steps):
         if train.track_every and step % train.track_every == 0 and screen is not None:
-            trajectory.append(_spectra_now(subject, spec, screen, step, kss))
-        inputs, targets = task.batch(train.batch_size, gen)
+            trajectory.append(_spectra_now(subject, spec, screen, step, kss, device))
+        inputs, targets = (t.to(device) for t in task.batch(train.batch_size, gen))
         logits, loss = model(inputs, targets)
         objective = loss  # the label reads the task loss alone; the objective adds what the run adds
         if train.z_loss:
@@ -206,11 +212,16 @@ def probe(
 
 
 def _spectra_now(
-    subject: Subject, spec: ScreenSpec, init: ScreenResult, step: int, kss: KoopmanSpectralShaping | None
+    subject: Subject,
+    spec: ScreenSpec,
+    init: ScreenResult,
+    step: int,
+    kss: KoopmanSpectralShaping | None,
+    device: str,
 ) -> dict[str, float]:
     """The screen's layer-mean spectra of the model as it is at ``step`` (same token sample as the
     init screen), and the KSS penalty's own soft near-unit mass when KSS is on."""
-    features = init.features if step == 0 else screen_subject(subject, spec, _NO_RISK).features
+    features = init.features if step == 0 else screen_subject(subject, spec, _NO_RISK, device=device).features
     point = {"step": float(step), **{name: features[name] for name in TRACKED}}
     if kss is not None and kss.last_soft_mass is not None:
         point["kss_soft_mass"] = kss.last_soft_mass
@@ -225,7 +236,7 @@ def update_sensitivity(model: torch.nn.Module, task: Task, seed: int, step: floa
     a step of ``step`` along -sign(gradient), divided by ``step``: lr-free, so an edge is where lr
     times it reaches order one. The weights are restored exactly and the gradients cleared.
     """
-    inputs, targets = task.batch(SENSITIVITY_BATCH, torch.Generator().manual_seed(seed + 3))
+    inputs, targets = _on_model(model, task.batch(SENSITIVITY_BATCH, torch.Generator().manual_seed(seed + 3)))
     params = [p for p in model.parameters() if p.requires_grad]
     logits, loss = model(inputs, targets)
     grads = torch.autograd.grad(loss, params, allow_unused=True)
@@ -240,6 +251,12 @@ def update_sensitivity(model: torch.nn.Module, task: Task, seed: int, step: floa
     return float((moved - logits.detach()).square().mean().sqrt() / step)
 
 
+def _on_model(model: torch.nn.Module, batch: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """A batch drawn on the CPU (so its tokens do not depend on the device), moved to the model's."""
+    device = next(model.parameters()).device
+    return tuple(t.to(device) for t in batch)
+
+
 def z_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """PaLM's auxiliary loss: the mean squared log-partition function where a loss is taken."""
     return torch.logsumexp(logits[targets != IGNORE].float(), dim=-1).square().mean()
@@ -248,7 +265,7 @@ def z_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 def task_accuracy(model: torch.nn.Module, task: Task, size: int = EVAL_BATCH) -> float:
     """Next-token accuracy where the task takes a loss, on one held-out batch that every run shares
     (its own seed, apart from any training stream): for associative recall, the recalled value."""
-    inputs, targets = task.batch(size, torch.Generator().manual_seed(EVAL_SEED))
+    inputs, targets = _on_model(model, task.batch(size, torch.Generator().manual_seed(EVAL_SEED)))
     was_training = model.training
     model.eval()
     with torch.no_grad():

@@ -25,6 +25,7 @@ from rksp_cli.koopman import DMDSettings, LayerSpectrum, aggregate, layer_featur
 from rksp_cli.models import BuildOptions, Subject, build_subject
 from rksp_cli.models.streaming import release_free_memory
 from rksp_cli.risk import RiskAssessment, RiskModel, default_risk_model
+from rksp_cli.risk.assessment import TOKENS_PER_WIDTH
 from rksp_cli.risk.preventions import advice
 from rksp_cli.spec import ScreenSpec, flatten
 
@@ -303,6 +304,7 @@ def _features(m: _Measurement, subject: Subject, spec: ScreenSpec) -> dict[str, 
         degenerate_layers=float(sum(s.degenerate for s in m.spectra)),
         n_layers=float(subject.n_layers),
         d_model=float(subject.d_model),
+        token_states=float(m.distinct),  # the fewest distinct states of any transition
         n_experts=float(subject.summary.get("n_experts", 0)),
     )
     if m.init_loss is not None:
@@ -389,13 +391,13 @@ def _warnings(spectra: list[LayerSpectrum], d: int, n_tokens: int, distinct: int
             "calibrated at: η_nl reads lower on fewer states (layer mean 0.33 at 1024 against 0.36 at "
             "2048, measured at d=512), and the risk and edge move with it"
         )
-    if distinct - 1 < d and rank == "auto":
+    if distinct - 1 <= d and rank == "auto":
         out.append(
             f"{distinct} distinct token states for d={d}: spectra are estimated in the "
             f"{distinct - 1}-dim data subspace, where the fit is exact and η_nl undefined; raise "
-            f"probe.tokens above {d} for a full-rank estimate"
+            f"probe.tokens to at least {TOKENS_PER_WIDTH * d} for a measurement"
         )
-    elif distinct - 1 < d and rank == "full":
+    elif distinct - 1 <= d and rank == "full":
         out.append(
             f"full DMD on {distinct} token states for d={d} has {d - distinct + 1} structural zero "
             f"eigenvalues: near-unit mass is capped at {(distinct - 1) / d:.2f}; prefer rank: auto"

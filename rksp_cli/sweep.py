@@ -230,8 +230,8 @@ def fill_added_later(frame: pd.DataFrame) -> pd.DataFrame:
     return frame
 
 
-def run_point(config: dict[str, Any], key: str, probe: bool) -> dict[str, Any]:
-    """Screen (or probe) one point; failures become rows with an ``error``, never exceptions."""
+def run_point(config: dict[str, Any], key: str, probe: bool, device: str = "cpu") -> dict[str, Any]:
+    """Screen (or probe) one point on ``device``; failures become rows with an ``error``, never exceptions."""
     import torch
 
     torch.set_num_threads(1)  # one worker per core: more threads per worker only fight each other
@@ -241,12 +241,13 @@ def run_point(config: dict[str, Any], key: str, probe: bool) -> dict[str, Any]:
         if probe:
             from rksp_cli.probe import probe as run_probe
 
-            row = run_probe(spec).row()
+            row = run_probe(spec, device=device).row()
         else:
+            from rksp_cli.models import BuildOptions
             from rksp_cli.screen import screen
 
-            row = screen(spec).row()
-        row["error"] = None
+            row = screen(spec, options=BuildOptions(device=device)).row()
+        row["error"], row["device"] = None, device
     except Exception as exc:  # one failing point must not stop the sweep
         row = {"key": key, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc(limit=3)}
     row["key"] = key
@@ -262,8 +263,12 @@ def run_sweep(
     backend: str = "local",
     address: str | None = None,
     on_progress: Progress | None = None,
+    device: str = "cpu",
 ) -> pd.DataFrame:
-    """Run every point not yet done in the store (failed points again), then export the store to ``out``."""
+    """Run every point not yet done in the store (failed points again), then export the store to ``out``.
+
+    ``device`` is where each point's model runs (local workers share it; on Ray, each task asks for
+    a GPU when it is cuda)."""
     store = Store(out, probe)
     try:
         done = store.keys()
@@ -271,7 +276,10 @@ def run_sweep(
         finished, failed = len(points) - len(todo), 0
         if on_progress:
             on_progress(finished, len(points), failed)
-        results = _ray(todo, probe, address) if backend == "ray" else _local(todo, probe, workers)
+        if backend == "ray":
+            results = _ray(todo, probe, address, device)
+        else:
+            results = _local(todo, probe, workers, device)
         for row in results:
             store.add(row)
             finished += 1
@@ -283,10 +291,10 @@ def run_sweep(
         store.close()
 
 
-def _local(points: list[Point], probe: bool, workers: int) -> Iterator[dict[str, Any]]:
+def _local(points: list[Point], probe: bool, workers: int, device: str) -> Iterator[dict[str, Any]]:
     if workers <= 1:
         for p in points:
-            yield run_point(p.config, p.key, probe)
+            yield run_point(p.config, p.key, probe, device)
         return
     import multiprocessing
 
@@ -295,25 +303,25 @@ def _local(points: list[Point], probe: bool, workers: int) -> Iterator[dict[str,
         pending = set()
         queue = iter(points)
         for p in itertools.islice(queue, 2 * workers):
-            pending.add(pool.submit(run_point, p.config, p.key, probe))
+            pending.add(pool.submit(run_point, p.config, p.key, probe, device))
         while pending:
             finished, pending = wait(pending, return_when=FIRST_COMPLETED)
             for future in finished:
                 yield future.result()
                 nxt = next(queue, None)
                 if nxt is not None:
-                    pending.add(pool.submit(run_point, nxt.config, nxt.key, probe))
+                    pending.add(pool.submit(run_point, nxt.config, nxt.key, probe, device))
 
 
-def _ray(points: list[Point], probe: bool, address: str | None) -> Iterable[dict[str, Any]]:
+def _ray(points: list[Point], probe: bool, address: str | None, device: str) -> Iterable[dict[str, Any]]:
     try:
         import ray
     except ImportError:
         raise InputError("--backend ray needs Ray: pip install 'rksp[ray]'") from None
     if not ray.is_initialized():
         ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
-    remote = ray.remote(num_cpus=1)(run_point)
-    pending = [remote.remote(p.config, p.key, probe) for p in points]
+    remote = ray.remote(num_cpus=1, num_gpus=1 if device.startswith("cuda") else 0)(run_point)
+    pending = [remote.remote(p.config, p.key, probe, device) for p in points]
     while pending:
         ready, pending = ray.wait(pending, num_returns=1)
         yield from ray.get(ready)

@@ -94,6 +94,13 @@ def test_a_screen_without_a_learning_rate_shows_the_edge_but_never_exits_0(hf_co
     assert "training.lr is not set" in result.stderr
 
 
+def test_a_screen_whose_sample_the_fit_matches_exactly_exits_3_even_under_a_gate(write_yaml):
+    path = write_yaml("model: {d_model: 128, n_layers: 2}\ntraining: {lr: 0.001}\nprobe: {tokens: 64}\n")
+    result = rksp("screen", path, "--fail-above", "0.5")
+    assert result.exit_code == 3, result.stderr
+    assert "fits them exactly" in result.stderr and "--set training.lr" not in result.stderr
+
+
 @pytest.mark.parametrize(
     ("yaml_text", "fragments"),
     [

@@ -1,5 +1,7 @@
 """The screen pipeline end to end, as a library."""
 
+import math
+
 import pytest
 import torch
 
@@ -320,3 +322,18 @@ def test_the_cost_estimate_counts_the_eta_refits_above_the_calibrations_sample(m
     monkeypatch.setattr(budget, "ETA_TOKENS", 10**9)  # as if eta_nl were read on the whole sample
     assert with_refits > budget.screen_cost(shape, 8192, threads=2).seconds
     assert budget.screen_cost(shape, 2048, threads=2).seconds == at_calibration_size  # no refit at 2048 states
+
+
+def test_a_sample_the_operator_fits_exactly_is_not_scored():
+    """With N <= d + 1 distinct token states the fit is exact: no risk, no edge, and the advice."""
+
+    def at(tokens):
+        return screen(spec_from_dict({"model": {"d_model": 128, "n_layers": 2}, "training": {"lr": 1e-3},
+                                      "probe": {"tokens": tokens}}))  # fmt: skip
+
+    exact = at(64)
+    assert exact.features["token_states"] == 64
+    assert math.isnan(exact.risk.risk) and math.isnan(exact.risk.lr_edge) and exact.risk.verdict != "low"
+    assert "fits them exactly" in exact.risk.reason and "probe.tokens >= 512" in exact.risk.reason
+    measured = at(512)
+    assert math.isfinite(measured.risk.risk) and math.isfinite(measured.risk.lr_edge)

@@ -97,8 +97,8 @@ def test_a_failed_point_is_tried_again_on_resume_and_replaced(grid, tmp_path, mo
     points = load_grid(grid("axes:\n  training.lr: [0.001, 0.01]\n"))
     out = tmp_path / "r.parquet"
     real = sweep.run_point
-    monkeypatch.setattr(sweep, "run_point", lambda config, key, probe: {"key": key, "error": "OSError: transient"}
-                        if key == points[0].key else real(config, key, probe))  # fmt: skip
+    monkeypatch.setattr(sweep, "run_point", lambda config, key, *rest: {"key": key, "error": "OSError: transient"}
+                        if key == points[0].key else real(config, key, *rest))  # fmt: skip
     assert run_sweep(points, out)["error"].notna().sum() == 1
     calls = []
     monkeypatch.setattr(sweep, "run_point", lambda *a: calls.append(a) or real(*a))

@@ -83,6 +83,26 @@ def diverged_at_init(row: dict[str, Any]) -> str | None:
     return None
 
 
+# Design choice: a screen needs more token states per width than this to be scored (see exact_fit).
+TOKENS_PER_WIDTH = 4
+
+
+def exact_fit(row: dict[str, Any]) -> str | None:
+    """A sample too small for the width: with N <= d + 1 distinct token states the least-squares
+    operator fits them exactly, so the spectra describe the sample rather than the model, in a
+    regime no calibration screen was in (issue 13). Measured on Pythia-1B (d = 2048): predicted
+    edge 0.0016 at N = 2048, 0.064 at N = 8192, where the smaller Pythias and GPT-2 moved at most
+    1.13x between N = 2048 and 8192. The advice asks for ``TOKENS_PER_WIDTH`` states per dimension."""
+    n, d = row.get("feature.token_states"), row.get("feature.d_model")
+    if n is None or d is None or not (math.isfinite(n) and math.isfinite(d)) or n - 1 > d:
+        return None
+    return (
+        f"{n:.0f} distinct token states for d={d:.0f}: the DMD fits them exactly, so the spectra describe "
+        f"the sample, not the model, and no risk or edge is scored; screen with probe.tokens >= "
+        f"{TOKENS_PER_WIDTH * d:.0f} (on a GPU, --device cuda)"
+    )
+
+
 class CalibratedRisk:
     """A fitted divergence model: probability, stability edge, intervals and extrapolation flags."""
 
@@ -103,6 +123,8 @@ class CalibratedRisk:
         lr = row.get("config.training.lr")
         if reason := diverged_at_init(row):
             risk = 1.0
+        elif reason := exact_fit(row):
+            risk, interval, edge, edge_interval = math.nan, None, math.nan, None
         elif lr is None:
             risk, interval = math.nan, None
             reason = f"training.lr is not set, so there is no risk to score; {self._edge_text(edge)}"
