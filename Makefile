@@ -11,7 +11,7 @@ TORCH  := torch==2.13.0
 STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 SCREEN ?= screens/gpt-small-noln.yaml
 
-.PHONY: install screen test lint format clean bench-norms bench-sweep bench-dmd bench-scale bench-kss bench-kss-regime bench-faults bench-monitors bench-stability bench-known-spectrum bench-ladder bench-published calibration horizon rescreen token-samples refit
+.PHONY: install screen test lint format clean bench-norms bench-sweep bench-dmd bench-scale bench-kss bench-kss-regime bench-faults bench-monitors bench-stability bench-known-spectrum bench-ladder bench-published calibration calibration-gpu horizon rescreen token-samples refit
 
 install: $(STAMP)
 
@@ -118,5 +118,12 @@ horizon: install
 token-samples: install
 	$(BIN)/python calibration/token_samples.py 4
 
+# Issue 14's GPU-sized ground truth (width 512-1024, 12-24 blocks; two independent draws of 96 and
+# 120 probes): about 16 minutes on one H100 with 8 workers, days on 2 CPU cores. Needs CUDA; the
+# runs it made are tracked, so `make refit` never needs a GPU.
+calibration-gpu: install
+	$(BIN)/rksp sweep grids/gpu-scale.yaml --probe --device cuda --workers 8 --out calibration/gpu-scale-runs.parquet
+	$(BIN)/rksp sweep grids/gpu-scale-b.yaml --probe --device cuda --workers 8 --out calibration/gpu-scale-b-runs.parquet
+
 refit: install
-	$(BIN)/rksp calibrate calibration/runs.parquet calibration/scale-runs.parquet --token-samples calibration/token-samples.parquet --out rksp_cli/default_calibration.json --report calibration/report.md
+	$(BIN)/rksp calibrate calibration/runs.parquet calibration/scale-runs.parquet calibration/gpu-scale-runs.parquet calibration/gpu-scale-b-runs.parquet --token-samples calibration/token-samples.parquet --out rksp_cli/default_calibration.json --report calibration/report.md

@@ -9,17 +9,22 @@ Every one lies outside the calibrated box (warmup and batch alone), so each repo
 
 Writes benchmarks/results/published.json and prints Markdown. About 10 minutes on 2 cores (the
 1B and 1.4B screens dominate). Run: make bench-published
+
+``--tokens N`` screens with N token states instead (results in published-N<N>.json): at N = 2048
+the 1B and 1.4B widths (2048) leave the fit exact, so their risk is not scored; N = 8192 measures
+them, best with ``--device cuda`` (on one H100 each screen took under a minute).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 from pathlib import Path
 
 import torch
 
 from rksp_cli.files import atomic_path
+from rksp_cli.models import BuildOptions
 from rksp_cli.risk import default_risk_model
 from rksp_cli.screen import screen
 from rksp_cli.spec import load_spec
@@ -38,14 +43,14 @@ CASES = {  # name: (config file, training settings)
 }
 
 
-def run(name: str) -> dict:
+def run(name: str, tokens: int, device: str) -> dict:
     config, training = CASES[name]
-    spec = load_spec(HERE / "configs" / config, [f"training.{k}={v}" for k, v in training.items()])
-    result = screen(spec, default_risk_model())
+    sets = [f"training.{k}={v}" for k, v in training.items()] + [f"probe.tokens={tokens}"]
+    result = screen(load_spec(HERE / "configs" / config, sets), default_risk_model(), BuildOptions(device=device))
     r = result.risk
     return {
         "model": name, "width": int(result.features["d_model"]), "depth": int(result.features["n_layers"]),
-        "lr": training["lr"], "risk": r.risk, "risk_interval": r.interval, "verdict": r.verdict,
+        "lr": training["lr"], "risk": r.risk, "risk_interval": r.interval, "verdict": r.verdict, "reason": r.reason,
         "edge": r.lr_edge, "edge_interval": r.edge_interval, "edge_over_lr": r.lr_edge / training["lr"],
         "extrapolated": r.extrapolated, "out_of_range": r.out_of_range, "seconds": sum(
             v for v in result.timings.values() if isinstance(v, float)),
@@ -56,21 +61,31 @@ def markdown(rows: list[dict]) -> str:
     lines = ["| model | width x depth | published lr | risk [90% interval] | verdict | edge [90% interval] "
              "| edge / lr |", "|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
-        ri, ei = r["risk_interval"] or [None, None], r["edge_interval"] or [None, None]
+        head = f"| {r['model']} | {r['width']} x {r['depth']} | {r['lr']:.2g} | "
+        if r["risk_interval"] is None or r["edge_interval"] is None:  # not scored: the reason says why
+            lines.append(head + f"not scored | {r['verdict']} | - | - |")
+            continue
+        ri, ei = r["risk_interval"], r["edge_interval"]
         lines.append(
-            f"| {r['model']} | {r['width']} x {r['depth']} | {r['lr']:.2g} | {r['risk']:.3f} "
-            f"[{ri[0]:.3f}, {ri[1]:.3f}] | {r['verdict']} | {r['edge']:.2g} [{ei[0]:.2g}, {ei[1]:.2g}] "
-            f"| {r['edge_over_lr']:.0f} |"
+            head + f"{r['risk']:.3f} [{ri[0]:.3f}, {ri[1]:.3f}] | {r['verdict']} | {r['edge']:.2g} "
+            f"[{ei[0]:.2g}, {ei[1]:.2g}] | {r['edge_over_lr']:.0f} |"
         )
     return "\n".join(lines)
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description="Real configs at their published settings, screened.")
+    parser.add_argument("cases", nargs="*", metavar="case", help=f"a subset: {', '.join(CASES)}")
+    parser.add_argument("--tokens", type=int, default=2048, help="probe.tokens of every screen")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    args = parser.parse_args()
+    if unknown := [c for c in args.cases if c not in CASES]:
+        parser.error(f"unknown case(s) {', '.join(unknown)}; choose from {', '.join(CASES)}")
     torch.set_num_threads(2)
-    names = sys.argv[1:] or list(CASES)
-    rows = [run(name) for name in names]
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(RESULTS) as tmp:
+    rows = [run(name, args.tokens, args.device) for name in args.cases or CASES]
+    out = RESULTS if args.tokens == 2048 else RESULTS.with_name(f"published-N{args.tokens}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(out) as tmp:
         tmp.write_text(json.dumps(rows, indent=1))
     print(markdown(rows))
 

@@ -44,6 +44,9 @@ def test_a_labelled_run_is_rebuilt_from_its_own_config(runs):
         assert _same(rebuilt[column], row[column]), (column, rebuilt[column], row[column])
 
 
+RECORDED_SINCE = {"token_states"}  # screen outputs the shipped runs predate; the risk model reads none
+
+
 @pytest.mark.parametrize("index", [0, 137, 555])
 def test_shipped_features_are_what_the_current_estimator_measures(runs, index):
     row = runs.iloc[index]
@@ -55,6 +58,8 @@ def test_shipped_features_are_what_the_current_estimator_measures(runs, index):
     features |= {k: v for k, v in screen(spec_from_dict(config)).features.items() if "kappa" in k}
     d = features["d_model"]
     for name, value in features.items():
+        if name in RECORDED_SINCE:
+            continue
         shipped = row[f"feature.{name}"]
         if "mass" in name:  # round-off may carry one eigenvalue of d across a band edge
             assert abs(value - shipped) <= 1 / d + 1e-12 or (math.isnan(value) and math.isnan(shipped)), name

@@ -241,13 +241,35 @@ def test_the_edge_spread_over_token_samples_is_measured_on_runs_the_fit_never_sa
     assert shipped["p90"] < 10 ** (2 * 4 * 0.04)
 
 
-def test_token_samples_must_cover_every_run(runs, tmp_path):
+def test_runs_with_token_samples_must_have_as_many_and_runs_without_are_left_out(runs, tmp_path):
     path = tmp_path / "samples.parquet"
-    pd.DataFrame({"key": runs["key"].iloc[1:], "sample": 1, "feature.gap_mass_mean": 0.1}).to_parquet(path)
+    one = pd.DataFrame({"key": runs["key"].iloc[1:], "sample": 1, "feature.gap_mass_mean": 0.1})
+    pd.concat([one, one.iloc[1:].assign(sample=2)]).to_parquet(path)  # run 1 has one sample, the rest two
     with pytest.raises(InputError, match=r"samples\.parquet: 1 of .* runs lack some token samples"):
+        read_token_samples(path, runs)
+    one.to_parquet(path)  # run 0 has none: left out of the spread
+    replicates = read_token_samples(path, runs)
+    assert len(replicates) == len(runs) - 1 and runs["key"].iloc[0] not in set(replicates["key"])
+    report = evaluate(runs, n_boot=20, token_samples=replicates)
+    assert report["token_samples"] == 2
+    assert report["models"]["hyperparameters + size"]["edge_spread"]["runs"] == len(runs) - 1
+    pd.DataFrame({"key": ["not a run"], "sample": 1, "feature.gap_mass_mean": 0.1}).to_parquet(path)
+    with pytest.raises(InputError, match="lack some token samples"):
         read_token_samples(path, runs)
     pd.DataFrame({"key": runs["key"], "gap": 0.1}).to_parquet(path)
     with pytest.raises(InputError, match="expected key, sample and feature"):
         read_token_samples(path, runs)
     with pytest.raises(InputError, match="no such file"):
         read_token_samples(tmp_path / "missing.parquet", runs)
+
+
+def test_runs_the_screen_could_not_assess_are_left_out_of_the_fit(runs, tmp_path):
+    """An init whose forward pass overflows has no features: imputing them would teach the model
+    that featureless runs are typical ones, and the screen never scores such an init anyway."""
+    path = tmp_path / "r.parquet"
+    frame = runs.assign(screen_error=None, error=None)
+    frame.loc[frame.index[:3], "screen_error"] = "the output of block 20 holds NaN or inf values"
+    frame.loc[frame.index[3], "error"] = "OSError: transient"
+    frame.to_parquet(path)
+    read = read_runs([path])
+    assert len(read) == len(runs) - 4 and read["screen_error"].isna().all()

@@ -27,7 +27,9 @@ FIXED_SETTINGS = ("config.training.optimizer", "config.training.weight_decay", "
 
 
 def read_runs(paths: list[Path], label: str = "label") -> pd.DataFrame:
-    """Labelled rows from sweep outputs (Parquet or CSV), concatenated; failed points are dropped."""
+    """Labelled rows from sweep outputs (Parquet or CSV), concatenated; failed points are dropped,
+    and so are runs whose init the screen could not assess (``screen_error``: a forward pass that
+    overflows at init): the screen never scores those, so they have no features to fit on."""
     frames = []
     for path in paths:
         if not path.is_file():
@@ -40,8 +42,9 @@ def read_runs(paths: list[Path], label: str = "label") -> pd.DataFrame:
             if col not in frame:
                 hint = " (the stall label exists for runs probed since issue 14)" if label != "label" else ""
                 raise InputError(f"{path}: no {col!r} column; produce runs with `rksp sweep --probe`{hint}")
-        if "error" in frame:
-            frame = frame[frame["error"].isna()]
+        for failed in ("error", "screen_error"):
+            if failed in frame:
+                frame = frame[frame[failed].isna()]
         frames.append(frame.dropna(subset=[label]))
     frame = pd.concat(frames, ignore_index=True)
     where = ", ".join(map(str, paths))
@@ -63,8 +66,9 @@ def read_token_samples(path: Path, frame: pd.DataFrame) -> pd.DataFrame:
     """Each labelled run again per extra token sample of its init, with that sample's features.
 
     ``path`` holds ``key``, ``sample`` and ``feature.*`` columns (``calibration/token_samples.py``);
-    every run of ``frame`` must have the same number of samples, so that every run's spread is
-    measured alike.
+    every run that has samples must have the same number, so that every spread is measured alike.
+    Runs without any (the GPU-sized runs, too costly to screen again on a CPU) are left out of the
+    spread, which says on how many runs it was measured.
     """
     if not path.is_file():
         raise InputError(f"{path}: no such file")
@@ -76,11 +80,13 @@ def read_token_samples(path: Path, frame: pd.DataFrame) -> pd.DataFrame:
     if "key" not in samples or "sample" not in samples or not features:
         raise InputError(f"{path}: expected key, sample and feature.* columns (calibration/token_samples.py)")
     counts = samples.groupby("key").size().reindex(frame["key"]).fillna(0).astype(int)
-    if counts.nunique() != 1 or counts.iloc[0] == 0:
+    if counts.max() == 0 or counts[counts > 0].nunique() != 1:
+        short = int(((counts > 0) & (counts != counts.max())).sum())
         raise InputError(
-            f"{path}: {int((counts != counts.max()).sum())} of {len(frame)} labelled runs lack some token samples; "
+            f"{path}: {short or len(frame)} of {len(frame)} labelled runs lack some token samples; "
             "rerun calibration/token_samples.py on these runs"
         )
+    samples = samples[samples["key"].isin(frame["key"])]
     runs = frame.drop(columns=[c for c in frame.columns if c in features]).set_index("key", drop=False)
     replicates = runs.loc[samples["key"]].reset_index(drop=True)
     return pd.concat([replicates, samples[features].reset_index(drop=True)], axis=1)[frame.columns]

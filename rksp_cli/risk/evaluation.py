@@ -128,12 +128,13 @@ def _probabilities(frame: pd.DataFrame, fits: Fits) -> np.ndarray:
 def edge_spread(frame: pd.DataFrame, fits: Fits, samples: pd.DataFrame, level: float = EDGE_LEVEL) -> dict[str, Any]:
     """How far each held-out run's predicted edge moves over its token samples (max / min).
 
-    ``samples``: the runs' other token samples (``read_token_samples``). Runs whose edge is not
-    finite in some sample (no lr reaches the level) are counted apart.
+    ``samples``: the runs' other token samples (``read_token_samples``); runs without any are
+    left out. Runs whose edge is not finite in some sample (no lr reaches the level) are counted apart.
     """
     ratios = []
     for model, test in fits:
         rows = frame.iloc[test]
+        rows = rows[rows["key"].isin(samples["key"])]
         mine = samples[samples["key"].isin(rows["key"])]
         edges = pd.DataFrame({"key": [*rows["key"], *mine["key"]],
                               "edge": [*model.edge(rows, level), *model.edge(mine, level)]})  # fmt: skip
@@ -230,7 +231,7 @@ def evaluate(frame: pd.DataFrame, label: str = "label", method: str = "sigmoid",
         "label": label,
         "label_description": describe_label(frame, label),
         "method": method,
-        "token_samples": None if token_samples is None else 1 + len(token_samples) // max(len(frame), 1),
+        "token_samples": None if token_samples is None else 1 + len(token_samples) // token_samples["key"].nunique(),
         "validations": validations,
         "models": models,
         "baselines": baselines,

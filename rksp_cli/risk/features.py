@@ -103,6 +103,23 @@ FEATURES.update({name: _product(*name.split("*")) for name in PRODUCTS})
 SPECTRA = MEANS + PRODUCTS
 NORMS = ("none", "pre", "post", "rms", "deepnorm", "subln")
 
+
+def _is_norm(frame: pd.DataFrame, norm: str) -> pd.Series:
+    """1 where the built-in GPT's normalisation is ``norm``, else 0 (0 for transformers models)."""
+    return (frame.get("config.model.norm", pd.Series(None, index=frame.index, dtype=object)) == norm).astype(float)
+
+
+# A candidate, measured and not shipped (README, "Calibration"): a depth slope per normalisation
+# family beside the shared one. Transformers models have no family here, so it cannot ship yet.
+DEPTH_PER_NORM = tuple(f"log2_n_layers_{n}" for n in NORMS)
+
+
+def _depth_of(norm: str) -> Column:
+    return lambda f: _is_norm(f, norm) * FEATURES["log2_n_layers"](f)
+
+
+FEATURES.update({f"log2_n_layers_{n}": _depth_of(n) for n in NORMS})
+
 # The sign each coefficient is held to: +1 risk may only rise with the feature, -1 only fall.
 # A higher lr never makes a run safer, nor does a longer warmup (Xiong et al. 2020; Liu et al. 2020).
 MONOTONE = {"log10_lr": +1, "log1p_warmup": -1}
@@ -126,7 +143,7 @@ def design(frame: pd.DataFrame, features: tuple[str, ...]) -> pd.DataFrame:
     out = {}
     for name in features:
         if name.startswith("norm_"):
-            out[name] = (frame.get("config.model.norm") == name.removeprefix("norm_")).astype(float)
+            out[name] = _is_norm(frame, name.removeprefix("norm_"))
         else:
             out[name] = FEATURES[name](frame)
     return pd.DataFrame(out, index=frame.index)
