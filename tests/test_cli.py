@@ -279,3 +279,20 @@ def test_the_gate_says_what_it_gates_on(write_yaml):
     assert spread.exit_code == 0 and "gate: highest risk over 3 token samples" in spread.stdout
     single = rksp("screen", path, "--fail-above", "0.9", "--spread", "1")
     assert single.exit_code == 0 and "gate: risk " in single.stdout and "spread over" not in single.stdout
+
+
+@pytest.mark.parametrize("command", ["probe", "sweep", "ladder"])
+def test_an_absent_device_is_refused_before_any_work(command, tmp_path, write_yaml):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present here")
+    config = write_yaml("model: {n_layers: 2}\ntraining: {lr: 0.001, steps: 2}\nprobe: {tokens: 256}\n")
+    grid = write_yaml(f"base: {config}\naxes:\n  training.lr: [0.001]\n", "grid.yaml")
+    out = tmp_path / "out.parquet"
+    args = {"probe": [str(config)], "sweep": [str(grid), "--probe", "--out", str(out)],
+            "ladder": [str(config), "--out", str(out)]}[command]  # fmt: skip
+    result = rksp(command, *args, "--device", "cuda")
+    assert result.exit_code == 2, result.output
+    assert "--device cuda: no such device here" in result.stderr
+    assert not out.exists() and not out.with_name("out.parquet.journal").exists()
