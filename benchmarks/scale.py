@@ -93,9 +93,10 @@ def bare_forward(config: str, extra: list[str], device: str = "cpu") -> None:
 
 def main() -> None:
     if sys.argv[1:2] == ["--bare"]:  # --bare CONFIG [--device D] [--set field=value ...]
-        rest = sys.argv[3:]
-        device = rest[1] if rest[:1] == ["--device"] else "cpu"
-        return bare_forward(sys.argv[2], rest[2:] if rest[:1] == ["--device"] else rest, device)
+        config, rest = sys.argv[2], sys.argv[3:]
+        if rest[:1] == ["--device"]:
+            return bare_forward(config, rest[2:], rest[1])
+        return bare_forward(config, rest)
     names = sys.argv[1:] or list(CASES)
     results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     print("| case | bar | wall (s) | peak RSS (GB) | build (s) | forward (s) | DMD (s) | bare wall (s) | bare "

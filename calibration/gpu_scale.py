@@ -58,8 +58,8 @@ def fit(frame: pd.DataFrame, features: tuple[str, ...] = FEATURE_SETS[SHIPPED]) 
 
 def main() -> None:
     cpu, a, b = read_runs(CPU_RUNS), read_runs([A]), read_runs([B])
-    both = pd.concat([a, b[~b["key"].isin(a["key"])]], ignore_index=True)
-    b_new = b[~b["key"].isin(a["key"])]
+    b_new = b[~b["key"].isin(a["key"])]  # B's points that A does not hold too
+    both = pd.concat([a, b_new], ignore_index=True)
     b_new_arch = b[~architecture_groups(b).isin(set(architecture_groups(a)))]
     shipped_form, with_a = fit(cpu), fit(pd.concat([cpu, a], ignore_index=True))
     depth_form = fit(cpu, FEATURE_SETS[SHIPPED] + DEPTH_PER_NORM)

@@ -165,7 +165,7 @@ def probe(
     for step in range(train.steps):
         if train.track_every and step % train.track_every == 0 and screen is not None:
             trajectory.append(_spectra_now(subject, spec, screen, step, kss, device))
-        inputs, targets = (t.to(device) for t in task.batch(train.batch_size, gen))
+        inputs, targets = _on_model(model, task.batch(train.batch_size, gen))
         logits, loss = model(inputs, targets)
         objective = loss  # the label reads the task loss alone; the objective adds what the run adds
         if train.z_loss:

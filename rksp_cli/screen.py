@@ -25,7 +25,7 @@ from rksp_cli.koopman import DMDSettings, LayerSpectrum, aggregate, layer_featur
 from rksp_cli.models import BuildOptions, Subject, build_subject
 from rksp_cli.models.streaming import release_free_memory
 from rksp_cli.risk import RiskAssessment, RiskModel, default_risk_model
-from rksp_cli.risk.assessment import TOKENS_PER_WIDTH
+from rksp_cli.risk.assessment import TOKENS_PER_WIDTH, fits_exactly
 from rksp_cli.risk.preventions import advice
 from rksp_cli.spec import ScreenSpec, flatten
 
@@ -391,13 +391,13 @@ def _warnings(spectra: list[LayerSpectrum], d: int, n_tokens: int, distinct: int
             "calibrated at: η_nl reads lower on fewer states (layer mean 0.33 at 1024 against 0.36 at "
             "2048, measured at d=512), and the risk and edge move with it"
         )
-    if distinct - 1 <= d and rank == "auto":
+    if fits_exactly(distinct, d) and rank == "auto":
         out.append(
             f"{distinct} distinct token states for d={d}: spectra are estimated in the "
             f"{distinct - 1}-dim data subspace, where the fit is exact and η_nl undefined; raise "
             f"probe.tokens to at least {TOKENS_PER_WIDTH * d} for a measurement"
         )
-    elif distinct - 1 <= d and rank == "full":
+    elif fits_exactly(distinct, d) and rank == "full":
         out.append(
             f"full DMD on {distinct} token states for d={d} has {d - distinct + 1} structural zero "
             f"eigenvalues: near-unit mass is capped at {(distinct - 1) / d:.2f}; prefer rank: auto"

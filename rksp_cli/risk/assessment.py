@@ -87,6 +87,11 @@ def diverged_at_init(row: dict[str, Any]) -> str | None:
 TOKENS_PER_WIDTH = 4
 
 
+def fits_exactly(token_states: float, d_model: float) -> bool:
+    """Whether N distinct token states span no more than the width: the least-squares fit is exact."""
+    return token_states - 1 <= d_model
+
+
 def exact_fit(row: dict[str, Any]) -> str | None:
     """A sample too small for the width: with N <= d + 1 distinct token states the least-squares
     operator fits them exactly, so the spectra describe the sample rather than the model, in a
@@ -94,7 +99,7 @@ def exact_fit(row: dict[str, Any]) -> str | None:
     edge 0.0016 at N = 2048, 0.064 at N = 8192, where the smaller Pythias and GPT-2 moved at most
     1.13x between N = 2048 and 8192. The advice asks for ``TOKENS_PER_WIDTH`` states per dimension."""
     n, d = row.get("feature.token_states"), row.get("feature.d_model")
-    if n is None or d is None or not (math.isfinite(n) and math.isfinite(d)) or n - 1 > d:
+    if n is None or d is None or not (math.isfinite(n) and math.isfinite(d)) or not fits_exactly(n, d):
         return None
     return (
         f"{n:.0f} distinct token states for d={d:.0f}: the DMD fits them exactly, so the spectra describe "
