@@ -11,7 +11,8 @@ predictions (median, 95th percentile):
 2. the same model fitted with A as well, scored on the points of B that are not in A, and on
    B's architectures that are not in A;
 3. a candidate form written down before these runs existed (README: a depth slope per
-   normalisation family), fitted on the CPU runs alone, scored on A and B.
+   normalisation family), fitted on the CPU runs alone, scored on A and B; it passed, and is
+   the shipped form since (``SHIPPED``); the form before it is ``PREVIOUS``.
 
     python calibration/gpu_scale.py        (seconds; no GPU needed, the runs are tracked)
 
@@ -30,7 +31,7 @@ from rksp_cli.files import atomic_path
 from rksp_cli.risk.calibration import read_runs
 from rksp_cli.risk.estimator import DivergenceModel
 from rksp_cli.risk.evaluation import auroc, calibrated_ece, ece, group_bootstrap_ci
-from rksp_cli.risk.features import DEPTH_PER_NORM, FEATURE_SETS, SHIPPED, architecture_groups
+from rksp_cli.risk.features import FEATURE_SETS, SHIPPED, architecture_groups
 
 HERE = Path(__file__).parent
 CPU_RUNS = [HERE / "runs.parquet", HERE / "scale-runs.parquet"]
@@ -52,7 +53,10 @@ def scores(model: DivergenceModel | None, frame: pd.DataFrame) -> dict:
     }  # fmt: skip
 
 
-def fit(frame: pd.DataFrame, features: tuple[str, ...] = FEATURE_SETS[SHIPPED]) -> DivergenceModel:
+PREVIOUS = "hyperparameters + size + spectra"  # the shipped form when the GPU runs were made
+
+
+def fit(frame: pd.DataFrame, features: tuple[str, ...] = FEATURE_SETS[PREVIOUS]) -> DivergenceModel:
     return DivergenceModel(features=features, n_bootstrap=0).fit(frame, frame["label"])
 
 
@@ -61,16 +65,18 @@ def main() -> None:
     b_new = b[~b["key"].isin(a["key"])]  # B's points that A does not hold too
     both = pd.concat([a, b_new], ignore_index=True)
     b_new_arch = b[~architecture_groups(b).isin(set(architecture_groups(a)))]
-    shipped_form, with_a = fit(cpu), fit(pd.concat([cpu, a], ignore_index=True))
-    depth_form = fit(cpu, FEATURE_SETS[SHIPPED] + DEPTH_PER_NORM)
+    cpu_a = pd.concat([cpu, a], ignore_index=True)
+    previous, with_a = fit(cpu), fit(cpu_a)
+    depth_form, depth_with_a = fit(cpu, FEATURE_SETS[SHIPPED]), fit(cpu_a, FEATURE_SETS[SHIPPED])
     results = {
-        "CPU fit on A": scores(shipped_form, a),
-        "CPU fit on B": scores(shipped_form, b),
-        "CPU fit on A and B": scores(shipped_form, both),
+        "CPU fit on A": scores(previous, a),
+        "CPU fit on B": scores(previous, b),
+        "CPU fit on A and B": scores(previous, both),
         "lr alone on A and B": scores(None, both),
         "CPU + A fit on B's new points": scores(with_a, b_new),
         "CPU + A fit on B's new architectures": scores(with_a, b_new_arch),
         "depth per family, CPU fit, on A and B": scores(depth_form, both),
+        "depth per family, CPU + A fit, on B's new points": scores(depth_with_a, b_new),
     }
     with atomic_path(HERE / "gpu-scale.json") as tmp:
         tmp.write_text(json.dumps(results, indent=1) + "\n")

@@ -62,6 +62,8 @@ def render(result: ScreenResult, console: Console) -> None:
     model = result.model
     n_layers, d_model = int(result.features["n_layers"]), int(result.features["d_model"])
     title = f"{model.get('architecture', '?')}  ·  {n_layers} blocks  ·  d={d_model}"
+    if "norm" in model and model.get("source") != "built-in gpt":  # the built-in GPT's is in its name
+        title += f"  ·  norm {model['norm'] or 'not recognised'}"
     table = Table(title=title, title_justify="left", show_footer=True, header_style="bold")
     table.add_column("layer", footer="mean", justify="right")
     rows = result.layer_rows()

@@ -23,6 +23,7 @@ from rksp_cli.data import screen_batch
 from rksp_cli.errors import UnassessableError
 from rksp_cli.koopman import DMDSettings, LayerSpectrum, aggregate, layer_features, prepare_spectrum
 from rksp_cli.models import BuildOptions, Subject, build_subject
+from rksp_cli.models.norm import NormFinder
 from rksp_cli.models.streaming import release_free_memory
 from rksp_cli.risk import RiskAssessment, RiskModel, default_risk_model
 from rksp_cli.risk.assessment import TOKENS_PER_WIDTH, fits_exactly
@@ -77,7 +78,7 @@ class ScreenResult:
 
     def row(self) -> dict[str, Any]:
         """A flat record for sweeps and calibration: key, config.*, feature.*, risk and verdict."""
-        return screen_row(self.spec, self.features, self.risk)
+        return screen_row(self.spec, self.features, self.risk, self.model.get("norm"))
 
     def to_dict(self) -> dict[str, Any]:
         """Everything a report needs, as plain data (``render.dumps`` makes it strict JSON)."""
@@ -173,7 +174,9 @@ def screen_subject(
     timings = dict(timings or {})
     settings = DMDSettings(rank=spec.probe.rank, residual_tol=spec.probe.residual_tol, kappa=spec.probe.kappa)
     t = time.perf_counter()
-    first = _measure(subject, spec, spec.probe.seed, settings, device, on_layer)
+    with NormFinder(subject.blocks[0]) as finder:
+        first = _measure(subject, spec, spec.probe.seed, settings, device, on_layer)
+    norm = subject.summary.setdefault("norm", finder.family)  # the built-in GPT's is its config's
     timings["dmd"] = sum(first.dmd_seconds)
     timings["forward"] = time.perf_counter() - t - timings["dmd"]
     layer_timings = [{"forward": f, "dmd": d} for f, d in zip(first.block_seconds, first.dmd_seconds, strict=True)]
@@ -191,9 +194,9 @@ def screen_subject(
             "checkpoint after a few hundred training steps"
         )
     features = _features(first, subject, spec)
-    risk = risk_model.assess(screen_row(spec, features))
+    risk = risk_model.assess(screen_row(spec, features, norm=norm))
     if risk.verdict == "high":
-        risk.notes.append(advice(spec.model.norm if spec.model.arch == "gpt" else None))
+        risk.notes.append(advice(norm))
     result = ScreenResult(spec, subject.summary, spectra, first.stream_rms, features, risk, timings, warnings)
     result.samples = [features]
     if repeats > 1:
@@ -203,7 +206,8 @@ def screen_subject(
             for k in range(1, repeats)
         ]
         result.samples += others
-        result.spread = _spread(result.samples, [risk, *(risk_model.assess(screen_row(spec, f)) for f in others)])
+        others_risk = [risk_model.assess(screen_row(spec, f, norm=norm)) for f in others]
+        result.spread = _spread(result.samples, [risk, *others_risk])
         timings["spread"] = time.perf_counter() - t
     return result
 
@@ -334,11 +338,17 @@ def _spread(features: list[dict[str, float]], risks: list[RiskAssessment]) -> di
 
 
 def screen_row(
-    spec: ScreenSpec, features: dict[str, float] | None = None, risk: RiskAssessment | None = None
+    spec: ScreenSpec,
+    features: dict[str, float] | None = None,
+    risk: RiskAssessment | None = None,
+    norm: str | None = None,
 ) -> dict[str, Any]:
-    """The flat record of a screen; without features (an unassessable init) only the config."""
+    """The flat record of a screen; without features (an unassessable init) only the config.
+    ``norm`` is the normalisation family the screen found (``model.norm``; ``models.norm``)."""
     row: dict[str, Any] = {"key": spec.key(), "config_id": spec.key(with_seed=False)}
     row.update(flatten(spec.resolved(), "config"))
+    if norm is not None:
+        row["model.norm"] = norm
     row.update({f"feature.{k}": v for k, v in (features or {}).items()})
     if risk is not None:
         row.update(risk=risk.risk, verdict=risk.verdict, lr_edge=risk.lr_edge)

@@ -38,6 +38,17 @@ HF_CONFIGS = {
         "BertConfig",
         dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, vocab_size=96),
     ),
+    "gpt_neox": (
+        "GPTNeoXConfig",
+        dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            vocab_size=96,
+            max_position_embeddings=64,
+        ),
+    ),
     "mamba": ("MambaConfig", dict(hidden_size=32, num_hidden_layers=2, vocab_size=96, state_size=8)),
 }
 

@@ -84,7 +84,8 @@ def test_identity_blocks_exit_3_with_the_reason(write_yaml):
 def test_transformers_config_json_is_accepted_directly(hf_config_file):
     result = rksp("screen", hf_config_file("llama"), *SMALL, "--set", "training.lr=3e-4", "--json")
     assert result.exit_code == 0, result.stderr
-    assert json.loads(result.stdout)["model"]["architecture"] == "LlamaModel"
+    model = json.loads(result.stdout)["model"]
+    assert model["architecture"] == "LlamaModel" and model["norm"] == "rms"  # found in the forward pass
 
 
 def test_a_screen_without_a_learning_rate_shows_the_edge_but_never_exits_0(hf_config_file):

@@ -5,6 +5,7 @@ import torch
 
 from rksp_cli.capture import capture_residual_stream, sample_positions
 from rksp_cli.models.gpt import GPT, NORMS, GPTConfig
+from rksp_cli.models.norm import NormFinder, centres
 
 
 @pytest.mark.parametrize("norm", NORMS)
@@ -107,3 +108,68 @@ def test_qk_norm_normalises_each_heads_queries_and_keys_and_leaves_values_alone(
     plain.load_state_dict(model.state_dict(), strict=False)  # same weights, no q/k norms
     assert torch.equal(plain.blocks[0].attn.heads(x)[2], v)
     assert not torch.allclose(plain.blocks[0].attn.heads(x)[0], q)
+
+
+# deepnorm is Post-LN with a scaled residual; sub-LN is pre-LN with extra norms inside each branch
+SEEN_AS = {"pre": "pre", "post": "post", "rms": "rms", "none": "none", "deepnorm": "post", "subln": "pre"}
+
+
+@pytest.mark.parametrize("norm", NORMS)
+def test_norm_finder_tells_every_built_in_family_from_one_forward_pass(norm):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(norm=norm, d_model=32, n_layers=2, n_heads=4, vocab_size=64, seq_len=16)).eval()
+    with NormFinder(model.blocks[0]) as finder, torch.no_grad():
+        model(torch.randint(0, 64, (2, 16)))
+    assert finder.family == SEEN_AS[norm]
+    assert not model.blocks[0]._forward_hooks and not model.blocks[0]._forward_pre_hooks  # gone after block 0
+
+
+@pytest.mark.parametrize(
+    ("name", "family"),
+    [("gpt2", "pre"), ("llama", "rms"), ("mixtral", "rms"), ("bert", "post"), ("gpt_neox", "pre"), ("mamba", "rms")],
+)
+def test_norm_finder_on_transformers_models(name, family):
+    """LLaMA registers its norms after attention and MLP, so only the order they run in tells."""
+    from transformers import AutoModel
+
+    from rksp_cli.models.hf import find_blocks
+    from tests.conftest import hf_config
+
+    torch.manual_seed(0)
+    config = hf_config(name)
+    model = AutoModel.from_config(config).eval()
+    _, blocks = find_blocks(model, config.num_hidden_layers)
+    with NormFinder(blocks[0]) as finder, torch.no_grad():
+        model(input_ids=torch.randint(0, 96, (2, 16)))
+    assert finder.family == family
+
+
+def test_norm_finder_leaves_norms_on_the_branch_outputs_untold():
+    """x + norm(f(x)) (OLMo-2's order) is neither pre- nor Post-LN: no family, not a wrong one."""
+
+    class BranchNorm(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.f, self.norm = torch.nn.Linear(8, 8), torch.nn.LayerNorm(8)
+
+        def forward(self, x):
+            return x + self.norm(self.f(x))
+
+    block = BranchNorm()
+    with NormFinder(block) as finder, torch.no_grad():
+        block(torch.randn(2, 3, 8))
+    assert finder.family is None
+
+
+def test_norm_finder_tells_rmsnorm_from_layernorm_by_centring_not_by_name():
+    class Norm(torch.nn.Module):  # named like neither
+        def __init__(self, centre: bool):
+            super().__init__()
+            self.centre = centre
+
+        def forward(self, x):
+            x = x - x.mean(-1, keepdim=True) if self.centre else x
+            return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + 1e-6)
+
+    for centre in (True, False):
+        assert centres(Norm(centre), torch.randn(4, 16)) is centre

@@ -14,7 +14,7 @@ from rksp_cli.risk import CalibratedRisk, default_risk_model
 from rksp_cli.risk.calibration import load_calibration, read_runs, read_token_samples, save_calibration
 from rksp_cli.risk.estimator import DivergenceModel, MonotoneLogistic
 from rksp_cli.risk.evaluation import architecture_splits, ece, evaluate, scale_split
-from rksp_cli.risk.features import architecture_groups
+from rksp_cli.risk.features import SHIPPED, architecture_groups
 
 
 def synthetic_runs(n_arch: int = 60, lrs: int = 6, seed: int = 0) -> pd.DataFrame:
@@ -128,6 +128,19 @@ def test_an_80_block_d8192_row_is_extrapolated_with_a_finite_interval(risk, runs
     assert "log2_d_model" in flagged and "log2_n_layers" in flagged
 
 
+def test_the_family_the_screen_found_is_read_first_and_an_unknown_one_is_said(risk, runs):
+    from rksp_cli.risk.features import norm_family
+
+    pre = runs[runs["config.model.norm"] == "pre"].iloc[0].to_dict()
+    frame = pd.DataFrame([pre, {**pre, "model.norm": "none"}, {**pre, "config.model.norm": None}])
+    assert norm_family(frame).tolist()[:2] == ["pre", "none"] and pd.isna(norm_family(frame).iloc[2])
+    # a transformers row: no config.model.norm; what the screen found decides the depth slope
+    hf = {k: v for k, v in pre.items() if k != "config.model.norm"}
+    assert risk.assess({**hf, "model.norm": "pre"}).risk == pytest.approx(risk.assess(pre).risk, abs=1e-12)
+    assert not any("not recognised" in n for n in risk.assess({**hf, "model.norm": "pre"}).notes)
+    assert any("not recognised" in n for n in risk.assess(hf).notes)
+
+
 def test_a_training_setting_the_runs_held_fixed_is_extrapolation(risk, runs):
     result = risk.assess({**runs.iloc[0].to_dict(), "config.training.optimizer": "sgd"})
     assert result.extrapolated and any("optimizer" in f for f in result.out_of_range)
@@ -160,7 +173,7 @@ def test_evaluate_reports_transfer_every_feature_set_and_baseline(runs):
     v = report["validations"]
     assert set(v) == {"leave-scale-out", "leave-architecture-out", "leave-norm-family-out"}
     assert v["leave-scale-out"]["auroc"] > 0.8  # the law in width extrapolates on data that follow one
-    shipped = report["models"]["hyperparameters + size + spectra (shipped)"]
+    shipped = report["models"][SHIPPED]
     assert shipped["auroc"] > report["models"]["hyperparameters"]["auroc"]
     assert shipped["auroc_ci95"][0] <= shipped["auroc"] <= shipped["auroc_ci95"][1]
     assert sum(r["n"] for r in v["leave-architecture-out"]["reliability"]) == len(runs)
@@ -234,7 +247,7 @@ def test_the_edge_spread_over_token_samples_is_measured_on_runs_the_fit_never_sa
     assert report["token_samples"] == 4
     spread = {name: m["edge_spread"] for name, m in report["models"].items()}
     assert spread["hyperparameters + size"]["median"] == pytest.approx(1.0)  # reads no spectra: never moves
-    shipped = spread["hyperparameters + size + spectra (shipped)"]
+    shipped = spread[SHIPPED]
     assert shipped["runs"] == len(runs) and shipped["median"] > 1.01  # the noisy mass moves its edge
     # the data's log10 edge moves 2.0 per unit of near-unit mass, so noise of SD 0.02 moves it by SD 0.04
     # decades; four samples span under 4 SD but for rare runs, and a fit may overshoot the slope 2x

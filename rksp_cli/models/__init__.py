@@ -120,6 +120,7 @@ def _gpt_subject(model: GPT, device: str) -> Subject:
         summary={
             "source": "built-in gpt",
             "architecture": f"GPT ({cfg.norm})",
+            "norm": cfg.norm,
             "parameters": n_params,
             "n_experts": cfg.n_experts,
         },

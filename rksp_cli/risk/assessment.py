@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from rksp_cli.risk.calibration import Calibration
+from rksp_cli.risk.features import DEPTH_PER_NORM, norm_family
 
 # Verdict bands on the risk number.
 ELEVATED_FROM = 0.2
@@ -120,6 +121,11 @@ class CalibratedRisk:
         cal, model = self.calibration, self.calibration.model
         frame = pd.DataFrame([row])
         notes = [f"label: {cal.report['label_description']}"] if "label_description" in cal.report else []
+        if set(model.columns_) & set(DEPTH_PER_NORM) and pd.isna(norm_family(frame).iloc[0]):
+            notes.append(
+                "normalisation family not recognised (neither pre-norm, Post-LN nor none): depth enters "
+                "through the slope shared by all families only"
+            )
         out_of_range = model.out_of_range(frame) + self._unfitted_settings(row)
         edge = float(model.edge(frame, self.edge_level)[0])
         edge_interval = _pair(model.edge_interval(frame, self.edge_level)[0])

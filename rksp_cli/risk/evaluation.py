@@ -28,7 +28,7 @@ import pandas as pd
 
 from rksp_cli.risk.assessment import EDGE_LEVEL
 from rksp_cli.risk.estimator import FOLDS, DivergenceModel
-from rksp_cli.risk.features import FEATURE_SETS, SHIPPED, architecture_groups, column
+from rksp_cli.risk.features import FEATURE_SETS, SHIPPED, WITHOUT_SPECTRA, architecture_groups, column, norm_family
 
 LABELS = {
     "label": "diverged (loss > 50 or grad norm > 500, or non-finite, at any step: the RKSP paper's label)",
@@ -182,7 +182,7 @@ def evaluate(frame: pd.DataFrame, label: str = "label", method: str = "sigmoid",
     with ``token_samples`` (``read_token_samples``), each feature set's held-out ``edge_spread``."""
     y = frame[label].to_numpy(int)
     groups = architecture_groups(frame).to_numpy()
-    family = frame.get("config.model.norm", pd.Series("", index=frame.index)).fillna("").astype(str).to_numpy()
+    family = norm_family(frame).fillna("").astype(str).to_numpy()
 
     def make(features: tuple[str, ...] = FEATURE_SETS[SHIPPED]) -> Make:
         return lambda: DivergenceModel(features=features, method=method, C=C, n_bootstrap=0)
@@ -247,17 +247,17 @@ def describe_label(frame: pd.DataFrame, label: str) -> str:
 
 
 def spectra_verdict(models: dict[str, dict[str, Any]]) -> str:
-    """Say plainly whether the spectra earn their place over hyperparameters and size."""
-    with_spectra, without = models[SHIPPED], models["hyperparameters + size"]
+    """Say plainly whether the spectra earn their place over the shipped model without them."""
+    with_spectra, without = models[SHIPPED], models[WITHOUT_SPECTRA]
     gain = with_spectra["auroc"] - without["auroc"]
     brier_gain = without["brier"] - with_spectra["brier"]
     if gain > 0.005 or brier_gain > 0.002:
         return (
             f"spectra help: AUROC {without['auroc']:.3f} -> {with_spectra['auroc']:.3f}, "
-            f"Brier {without['brier']:.4f} -> {with_spectra['brier']:.4f} over hyperparameters + size alone"
+            f"Brier {without['brier']:.4f} -> {with_spectra['brier']:.4f} over {WITHOUT_SPECTRA} alone"
         )
     return (
-        f"spectra add nothing measurable over hyperparameters + size on these runs (AUROC "
+        f"spectra add nothing measurable over {WITHOUT_SPECTRA} on these runs (AUROC "
         f"{without['auroc']:.3f} vs {with_spectra['auroc']:.3f}, Brier {without['brier']:.4f} vs "
         f"{with_spectra['brier']:.4f})"
     )

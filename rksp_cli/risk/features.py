@@ -21,7 +21,8 @@ risk number"):
 * **Scale as a law.** Depth and width enter as log2, linearly, lr as log10 and nothing multiplies
   the lr: the log stable edge is linear in log width and log depth (a power law, as published lr
   tables are) and the risk is monotone in lr at any size, inside the calibrated box or not. No
-  product involves depth or width, so nothing quadratic is extrapolated along the scale ladder.
+  product involves width or the spectra with depth, so nothing quadratic is extrapolated along
+  the scale ladder; depth's slope alone differs per normalisation family (``DEPTH_PER_NORM``).
 """
 
 from __future__ import annotations
@@ -46,9 +47,8 @@ def _log(frame: pd.DataFrame, name: str, base: float = 10.0, floor: float = 1e-1
 
 
 def _init_std(frame: pd.DataFrame) -> pd.Series:
-    """config.model.init_std for the built-in GPT, the measured init std or initializer_range otherwise."""
-    std = column(frame, "config.model.init_std").fillna(column(frame, "feature.init_std"))
-    return std.fillna(column(frame, "model.initializer_range"))
+    """config.model.init_std for the built-in GPT, else the screen's (a transformers config's initializer_range)."""
+    return column(frame, "config.model.init_std").fillna(column(frame, "feature.init_std"))
 
 
 def _clipped(frame: pd.DataFrame) -> pd.Series:
@@ -104,13 +104,24 @@ SPECTRA = MEANS + PRODUCTS
 NORMS = ("none", "pre", "post", "rms", "deepnorm", "subln")
 
 
+def norm_family(frame: pd.DataFrame) -> pd.Series:
+    """Each row's normalisation family: the one its screen found (``model.norm``, transformers
+    models included; ``rksp_cli.models.norm``), else the built-in GPT's ``config.model.norm``
+    (rows recorded before screens reported it); None where neither is known."""
+    missing = pd.Series(None, index=frame.index, dtype=object)
+    found = frame.get("model.norm", missing).astype(object)
+    return found.where(found.notna(), frame.get("config.model.norm", missing).astype(object))
+
+
 def _is_norm(frame: pd.DataFrame, norm: str) -> pd.Series:
-    """1 where the built-in GPT's normalisation is ``norm``, else 0 (0 for transformers models)."""
-    return (frame.get("config.model.norm", pd.Series(None, index=frame.index, dtype=object)) == norm).astype(float)
+    """1 where the row's normalisation family is ``norm``, else 0 (0 in every family when unknown)."""
+    return (norm_family(frame) == norm).astype(float)
 
 
-# A candidate, measured and not shipped (README, "Calibration"): a depth slope per normalisation
-# family beside the shared one. Transformers models have no family here, so it cannot ship yet.
+# A depth slope per normalisation family beside the shared one: Post-LN loses stability with depth
+# much faster than pre-LN (Xiong et al. 2020; Liu et al. 2020). Written down before the GPU runs
+# at width 512-1024 and 12-24 blocks existed and then tested on them (calibration/gpu_scale.py):
+# AUROC 0.976 against 0.922 without it. A model whose family is unknown gets the shared slope only.
 DEPTH_PER_NORM = tuple(f"log2_n_layers_{n}" for n in NORMS)
 
 
@@ -121,21 +132,25 @@ def _depth_of(norm: str) -> Column:
 FEATURES.update({f"log2_n_layers_{n}": _depth_of(n) for n in NORMS})
 
 # The sign each coefficient is held to: +1 risk may only rise with the feature, -1 only fall.
-# A higher lr never makes a run safer, nor does a longer warmup (Xiong et al. 2020; Liu et al. 2020).
-MONOTONE = {"log10_lr": +1, "log1p_warmup": -1}
+# A higher lr never makes a run safer, nor does a longer warmup (Xiong et al. 2020; Liu et al.
+# 2020), nor clipping the gradient norm (measured: 3/24 against 19/24 diverged, README "KSS").
+MONOTONE = {"log10_lr": +1, "log1p_warmup": -1, "clipped": -1}
 
 FEATURE_SETS = {
     "hyperparameters": HYPER,
     "hyperparameters + size": HYPER + SIZE,
     "hyperparameters + spectra": HYPER + SPECTRA,
-    "hyperparameters + size + spectra (shipped)": HYPER + SIZE + SPECTRA,
+    "hyperparameters + size + depth per norm family": HYPER + SIZE + DEPTH_PER_NORM,
+    "hyperparameters + size + spectra": HYPER + SIZE + SPECTRA,
+    "hyperparameters + size + spectra + depth per norm family (shipped)": HYPER + SIZE + SPECTRA + DEPTH_PER_NORM,
     "hyperparameters + size + spectra + norm labels": HYPER + SIZE + SPECTRA + tuple(f"norm_{n}" for n in NORMS),
     "hyperparameters + size + init gradient norm": HYPER + SIZE + GRADIENT,
     "hyperparameters + size + spectra + init gradient norm": HYPER + SIZE + SPECTRA + GRADIENT,
     "hyperparameters + size + update sensitivity (Admin)": HYPER + SIZE + SENSITIVITY,
     "hyperparameters + size + spectra + update sensitivity": HYPER + SIZE + SPECTRA + SENSITIVITY,
 }
-SHIPPED = "hyperparameters + size + spectra (shipped)"
+SHIPPED = "hyperparameters + size + spectra + depth per norm family (shipped)"
+WITHOUT_SPECTRA = "hyperparameters + size + depth per norm family"  # what the spectra must beat
 
 
 def design(frame: pd.DataFrame, features: tuple[str, ...]) -> pd.DataFrame:
