@@ -51,7 +51,7 @@ def _logit_alarms(scale_per_check: float, checks: int = 30) -> list[Alert]:
 
 def test_attention_logits_alarm_on_sustained_growth_and_not_on_a_saturated_plateau():
     grown = _logit_alarms(1.2)  # logits x1.44 a check
-    assert grown and grown[0].step == 10 + 3 - 1 and grown[0].value >= SATURATED  # lag 10, patience 3
+    assert grown and grown[0].step == 3 + 3 - 1 and grown[0].value >= SATURATED  # warm-up 3, patience 3
     assert _logit_alarms(1.0) == []  # the same saturated logits, holding: a sharp but stable model
 
 
@@ -321,5 +321,8 @@ def test_watch_run_trains_a_failure_s_spec_with_its_fault_and_guard():
     assert "attention_logits" in failing.monitors and set(failing.check_seconds) == set(failing.monitors)
     assert failing.step_seconds > 0 and math.isfinite(failing.final_loss)
     assert WatchedRun.from_dict(failing.as_dict()).first_alarms() == failing.first_alarms()
+    # every check's metrics are kept, so alarm rules can be replayed on the signal afterwards
+    assert [c["step"] for c in failing.series] == list(range(0, 30, 5))
+    assert all("attn_logit_max" in c["metrics"] for c in failing.series)
     with pytest.raises(ValueError, match="kind"):
         watch_run(failure, "clean", seed=0)

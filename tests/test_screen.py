@@ -133,6 +133,7 @@ def test_streaming_gives_the_same_features_and_frees_every_block(name, hf_config
     assert streamed.model["streamed"] and not whole.model["streamed"]
     assert streamed.features == pytest.approx(whole.features, nan_ok=True)
     assert all(row["materialize"] >= 0 for row in streamed.timings["layers"])
+    assert whole.model["norm"] is not None and streamed.model["norm"] == whole.model["norm"]  # freed blocks too
 
 
 def test_streamed_blocks_return_to_the_meta_device(hf_config_file):

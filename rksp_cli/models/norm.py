@@ -74,7 +74,8 @@ class NormFinder:
         self.block = block
         self.family: str | None = None
         self._input: torch.Tensor | None = None
-        self._first: tuple[nn.Module, torch.Tensor] | None = None  # the first norm run, with its input
+        self._first: torch.Tensor | None = None  # the input of the first norm run
+        self._centred: bool | None = None  # whether that norm centres (asked while its weights exist)
         self._linear_first = False  # a linear map ran before any norm
         self._last_norm_output: torch.Tensor | None = None
         self._handles: list[RemovableHandle] = []
@@ -111,7 +112,8 @@ class NormFinder:
     def _norm_in(self, module: nn.Module, args: tuple) -> None:
         x = _tensor(args)
         if self._first is None and x is not None:
-            self._first = (module, x)
+            # now, not when the block returns: a streamed block's weights are freed by then
+            self._first, self._centred = x, centres(module, x)
 
     def _norm_out(self, module: nn.Module, args: tuple, output: Any) -> None:
         self._last_norm_output = _tensor(output)
@@ -123,10 +125,8 @@ class NormFinder:
     def _classify(self, output: torch.Tensor | None) -> str | None:
         if self._first is None:
             return "none"
-        norm, x = self._first
-        if not self._linear_first and _same(x, self._input):
-            centred = centres(norm, x)
-            return None if centred is None else ("pre" if centred else "rms")
+        if not self._linear_first and _same(self._first, self._input):
+            return None if self._centred is None else ("pre" if self._centred else "rms")
         if _same(output, self._last_norm_output):
             return "post"
         return None

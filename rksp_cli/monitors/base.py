@@ -150,31 +150,49 @@ class DriftAlarm:
 
 class GrowthAlarm:
     """A signal that has left its normal range and keeps growing: an alarm once the value is at
-    least ``level`` *and* at least ``growth`` x the smallest of its previous ``lag`` checks, on
-    ``patience`` consecutive checks; no alarm before ``lag`` checks exist (the warm-up).
+    least ``level`` *and* at least ``growth`` x the smallest of its previous ``lag`` checks (as many
+    as exist), on ``patience`` consecutive checks; no alarm before ``warmup`` checks exist.
 
     For failures that develop as steady growth (attention logits, the output's log-partition
     function): a drift score catches them late or not at all, since a steady trend hardly stands
     out against its own recent history, and a level alone cannot tell a model that grew once and
     holds from one that keeps growing.
+
+    The warm-up was the full ``lag`` (10 checks) until issue 16's held-out runs showed it set the
+    alarm's step: every failing run alarmed at the first check it allowed (step 600 at one check
+    per 50 steps), with the logits past the level long before. Three checks of history are enough
+    for the growth test to mean something; the level is what keeps a healthy model quiet early on
+    (its logits start near 1). Chosen before the runs that test it (README, "Natural slow failures").
     """
 
-    def __init__(self, monitor: str, what: str, level: float, growth: float = 2.0, lag: int = 10, patience: int = 3):
+    def __init__(
+        self,
+        monitor: str,
+        what: str,
+        level: float,
+        growth: float = 2.0,
+        lag: int = 10,
+        patience: int = 3,
+        warmup: int = 3,
+    ):
+        if not 1 <= warmup <= lag:
+            raise ValueError(f"warmup must be between 1 and lag ({lag}), got {warmup}")
         self.monitor, self.what, self.level, self.growth, self.patience = monitor, what, level, growth, patience
         self.history: dict[str | None, deque[float]] = {}
-        self.lag = lag
+        self.lag, self.warmup = lag, warmup
         self.persistence = Persistence(patience)
 
     def update(self, step: int, layer: str | None, value: float) -> Alert | None:
         history = self.history.setdefault(layer, deque(maxlen=self.lag))
-        low = min(history) if len(history) == self.lag else math.inf
+        low = min(history) if len(history) >= self.warmup else math.inf
+        seen = len(history)
         history.append(value)
         growing = value >= self.level and value >= self.growth * low
         if not self.persistence.update(layer or "", growing):
             return None
         ratio = value / low if low > 0 else math.inf  # a history that held a zero (log Z's first shift)
         reason = (
-            f"{self.what} {value:.3g} >= {self.level:g} and {ratio:.1f}x its low of the last {self.lag} "
+            f"{self.what} {value:.3g} >= {self.level:g} and {ratio:.1f}x its low of the last {seen} "
             f"checks, {self.patience} checks in a row"
         )
         return Alert(step, self.monitor, layer, value, self.level, "alarm", reason)

@@ -26,11 +26,15 @@ false alarm. Detectors are replayed on the recorded losses and pre-clip gradient
 from __future__ import annotations
 
 import copy
+import json
 import math
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 from torch import nn
@@ -107,6 +111,8 @@ class WatchedRun:
     policy: str | None = None  # the guard's action policy, None: watched only
     actions: list[dict[str, Any]] = field(default_factory=list)  # what the guard did
     notes: list[str] = field(default_factory=list)
+    # every check: {"step", "metrics"}, the monitors' signals, so an alarm rule can be replayed later
+    series: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def failed_step(self) -> int | None:
@@ -184,17 +190,21 @@ def watch_run(
     spec = failure.spec(kind, seed)
     made: dict[str, Any] = {}
 
-    def watch(model: nn.Module, optimizer: Any, schedule: Any) -> Monitor | Guard:
+    def watch(model: nn.Module, optimizer: Any, schedule: Any, log: Path) -> Monitor | Guard:
         if failure.low_precision_bits and kind == "failing":
             for m in model.modules():
                 if isinstance(m, CausalSelfAttention):
                     m.forward = low_precision_attention(m, failure.low_precision_bits)
-        monitor = Monitor(model, every=every, seed=seed)
+        monitor = Monitor(model, every=every, seed=seed, log=log)
         made["monitor"] = monitor if policy is None else Guard(model, optimizer, policy, schedule, monitor)
         return made["monitor"]
 
     t0 = time.perf_counter()
-    result = probe(spec, watch=watch)
+    with tempfile.TemporaryDirectory(prefix="rksp-watch-") as tmp:
+        log = Path(tmp) / "metrics.jsonl"
+        result = probe(spec, watch=partial(watch, log=log))
+        records = [json.loads(line) for line in log.read_text().splitlines()]
+    series = [{"step": r["step"], "metrics": r["metrics"]} for r in records if "step" in r]
     watcher = made["monitor"]
     monitor = watcher if isinstance(watcher, Monitor) else watcher.monitor
     elapsed = time.perf_counter() - t0
@@ -217,6 +227,7 @@ def watch_run(
         policy=policy,
         actions=getattr(watcher, "actions", []),
         notes=[f"{elapsed:.0f} s in all"],
+        series=series,
     )
 
 
