@@ -19,13 +19,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import torch
 
 from rksp_cli.files import atomic_path
 from rksp_cli.models import BuildOptions
 from rksp_cli.risk import default_risk_model
+from rksp_cli.risk.assessment import EDGE_LEVEL
 from rksp_cli.screen import screen
 from rksp_cli.spec import load_spec
 
@@ -49,13 +53,14 @@ CASES = {  # name: (config file, training settings)
 IN_BOX = {"config.training.warmup_steps": 50, "config.training.batch_size": 32}
 
 
-def run(name: str, tokens: int, device: str) -> dict:
+def run(name: str, tokens: int, device: str) -> tuple[dict, dict]:
+    """The benchmark's record of one config, and its screen row."""
     config, training = CASES[name]
     sets = [f"training.{k}={v}" for k, v in training.items()] + [f"probe.tokens={tokens}"]
     risk_model = default_risk_model()
     result = screen(load_spec(HERE / "configs" / config, sets), risk_model, BuildOptions(device=device))
     r, box = result.risk, risk_model.assess(result.row() | IN_BOX)
-    return {
+    return result.row(), {
         "model": name, "width": int(result.features["d_model"]), "depth": int(result.features["n_layers"]),
         "lr": training["lr"], "risk": r.risk, "risk_interval": r.interval, "verdict": r.verdict, "reason": r.reason,
         "edge": r.lr_edge, "edge_interval": r.edge_interval, "edge_over_lr": r.lr_edge / training["lr"],
@@ -64,6 +69,32 @@ def run(name: str, tokens: int, device: str) -> dict:
         "in_box_out_of_range": box.out_of_range, "seconds": sum(
             v for v in result.timings.values() if isinstance(v, float)),
     }  # fmt: skip
+
+
+LADDER = ("Pythia 70M", "Pythia 160M", "Pythia 410M", "Pythia 1B", "Pythia 1.4B")  # one suite, by size
+
+
+def trend(screened: dict[str, dict]) -> list[dict]:
+    """Does the edge fall along the Pythia suite as its published lr does? Per step up in size, the
+    edge ratio (larger / smaller) of the shipped fit and its 90% interval over the group-bootstrap
+    refits, each refit comparing the two models with the same coefficients, and the share of
+    refits in which the edge fell; at the published settings and at warmup 50, batch 32."""
+    model, level = default_risk_model().calibration.model, EDGE_LEVEL
+    names = [n for n in LADDER if n in screened and math.isfinite(screened[n]["edge"])]
+    out = []
+    for settings, changes in (("published", {}), ("warmup 50, batch 32", IN_BOX)):
+        frame = pd.DataFrame([screened[n]["row"] | changes for n in names])
+        edges, boot = model.edge(frame, level), np.log10(model.bootstrap_edges(frame, level))
+        for i in range(1, len(names)):
+            ratios = boot[:, i] - boot[:, i - 1]
+            lo, hi = np.quantile(ratios, [0.05, 0.95])
+            out.append({
+                "settings": settings, "from": names[i - 1], "to": names[i],
+                "published_lr_ratio": CASES[names[i]][1]["lr"] / CASES[names[i - 1]][1]["lr"],
+                "edge_ratio": float(edges[i] / edges[i - 1]), "edge_ratio_interval": [float(10**lo), float(10**hi)],
+                "refits_falling": float(np.mean(ratios < 0)),
+            })  # fmt: skip
+    return out
 
 
 def markdown(rows: list[dict]) -> str:
@@ -92,12 +123,24 @@ def main() -> None:
     if unknown := [c for c in args.cases if c not in CASES]:
         parser.error(f"unknown case(s) {', '.join(unknown)}; choose from {', '.join(CASES)}")
     torch.set_num_threads(2)
-    rows = [run(name, args.tokens, args.device) for name in args.cases or CASES]
     out = RESULTS if args.tokens == 2048 else RESULTS.with_name(f"published-N{args.tokens}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
+    screened = {}
+    for name in args.cases or CASES:
+        row, record = run(name, args.tokens, args.device)
+        screened[name] = record | {"row": row}
+    rows = [{k: v for k, v in r.items() if k != "row"} for r in screened.values()]
+    steps = trend(screened)
     with atomic_path(out) as tmp:
-        tmp.write_text(json.dumps(rows, indent=1))
+        tmp.write_text(json.dumps({"models": rows, "trend": steps}, indent=1))
     print(markdown(rows))
+    print()
+    print("| settings | from -> to | published lr ratio | edge ratio [90% over refits] | refits where it fell |")
+    print("|---|---|---|---|---|")
+    for t in steps:
+        lo, hi = t["edge_ratio_interval"]
+        print(f"| {t['settings']} | {t['from']} -> {t['to']} | {t['published_lr_ratio']:.2f} | "
+              f"{t['edge_ratio']:.2f} [{lo:.2f}, {hi:.2f}] | {100 * t['refits_falling']:.0f}% |")  # fmt: skip
 
 
 if __name__ == "__main__":

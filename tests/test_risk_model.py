@@ -109,6 +109,17 @@ def test_the_edge_is_where_the_risk_reaches_the_level(risk, runs):
     assert risk.edge(fragile) < risk.edge(row) and risk.edge(wider) < risk.edge({**row, "feature.d_model": 32.0})
 
 
+def test_the_edge_interval_spans_the_refits_edges_and_compares_rows_refit_by_refit(fitted, runs):
+    rows = runs.iloc[:2]
+    edges = fitted.bootstrap_edges(rows, 0.2)
+    assert edges.shape == (12, 2) and np.all(edges > 0)
+    lo, hi = fitted.edge_interval(rows, 0.2).T
+    assert np.all(lo >= edges.min(0) * (1 - 1e-12)) and np.all(hi <= edges.max(0) * (1 + 1e-12)) and np.all(lo < hi)
+    wider = rows.assign(**{"feature.d_model": rows["feature.d_model"] * 4})
+    # the fit's width law says wider is less stable: so in every refit, not only on average
+    assert np.all(fitted.bootstrap_edges(wider, 0.2) < edges)
+
+
 def test_inside_the_box_a_calibrated_risk_with_an_interval(risk, runs):
     result = risk.assess(runs.iloc[0].to_dict())
     assert result.calibrated and not result.extrapolated and result.out_of_range == []

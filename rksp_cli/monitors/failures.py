@@ -240,14 +240,15 @@ def head_to_head(runs: list[WatchedRun]) -> list[dict[str, Any]]:
         failing = [r for r in runs if r.failure == name and r.kind == "failing"]
         controls = [r for r in runs if r.failure == name and r.kind == "control"]
         failed = [r for r in failing if r.failed_step is not None]
-        watchers = list(dict.fromkeys(w for r in failing + controls for w in r.first_alarms()))
+        first = {id(r): r.first_alarms() for r in failing + controls}  # each detector replays the whole run
+        watchers = list(dict.fromkeys(w for r in failing + controls for w in first[id(r)]))
         for watcher in watchers:
             leads, shares = [], []
             for r in failed:
-                first = r.first_alarms().get(watcher)
-                if first is not None and first <= r.failed_step:
-                    leads.append(r.failed_step - first)
-                    shares.append((r.failed_step - first) / max(r.failed_step, 1))
+                alarm = first[id(r)].get(watcher)
+                if alarm is not None and alarm <= r.failed_step:
+                    leads.append(r.failed_step - alarm)
+                    shares.append((r.failed_step - alarm) / max(r.failed_step, 1))
             overhead = [
                 100 * r.check_seconds[watcher] / (DEFAULT_EVERY * r.step_seconds)
                 for r in failing + controls
@@ -261,7 +262,7 @@ def head_to_head(runs: list[WatchedRun]) -> list[dict[str, Any]]:
                 "median_failed_step": statistics.median(r.failed_step for r in failed) if failed else None,
                 "run_length": failing[0].steps if failing else None,
                 "controls": len(controls),
-                "false_alarms": sum(r.first_alarms().get(watcher) is not None for r in controls),
+                "false_alarms": sum(first[id(r)].get(watcher) is not None for r in controls),
                 "overhead_pct": statistics.median(overhead) if overhead else None,
             })  # fmt: skip
     return rows

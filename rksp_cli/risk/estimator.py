@@ -214,9 +214,14 @@ class DivergenceModel(ClassifierMixin, BaseEstimator):
         """Per row, the lr at which P(diverged) reaches ``level``, every other feature held (closed form)."""
         return self._edges(X, level, [(self.coef_, self.intercept_, self.calibrator_)])[0]
 
+    def bootstrap_edges(self, X: pd.DataFrame, level: float) -> np.ndarray:
+        """(refits, n): the edge per group-bootstrap refit, so that a comparison between rows (does
+        the edge fall from one model to the next?) can be judged refit by refit."""
+        return self._edges(X, level, self.bootstrap_)
+
     def edge_interval(self, X: pd.DataFrame, level: float, coverage: float = INTERVAL) -> np.ndarray:
         """(n, 2): the central ``coverage`` interval of the edge over the refits, in lr."""
-        edges = self._edges(X, level, self.bootstrap_)
+        edges = self.bootstrap_edges(X, level)
         return 10 ** _central(np.log10(edges), coverage, len(X)) if len(edges) else _central(edges, coverage, len(X))
 
     def _edges(self, X: pd.DataFrame, level: float, fits: list) -> np.ndarray:
