@@ -12,8 +12,16 @@ arms use is the one where the baseline diverges in 40-80% of runs after warmup. 
 (``kss.py``, ``variant="growth"``, alpha 0.15); gradient clipping 0.5 / 1.0;
 qk-layernorm; z-loss 1e-4; a 4x longer warmup; sigmaReparam on every linear weight. Per arm:
 runs diverged, Fisher's exact p against the baseline (two-sided), median diverging step, final
-accuracy of the runs that trained (mean and standard error), and ms per training step (the same
-workers on the same machine; a ratio to the baseline's).
+accuracy of the runs that trained (mean and standard error), and time per training step as a
+ratio to the baseline's, from ``overhead`` when it has been run (else from the arms' own runs,
+whose times move with whatever else shares the machine over hours; ``time_source`` says which).
+The last arm, KSS alpha 0.015 on every step (the published alpha's total over 10 steps, spread
+out), tests a hypothesis of the first pass: that KSS every 10 steps fails as a periodic kick.
+
+``overhead``: every arm's time per step measured in one process, 1 thread, each arm between two
+baseline runs (30 training steps each at the arms' lowest lr, inside warmup, 3 rounds; about 20
+minutes): per arm the median over rounds of its ratio to the mean of its two neighbouring
+baselines, with the range, so that the machine's drift cancels.
 
 ``maxlr``: issue 15's second bar. For no-norm, pre-LN and RMSNorm in the same setting, the
 largest lr of a x2 grid (0.0025 ... 1.28) at which fewer than 20% of 4 seeds diverge or stall, with and
@@ -30,7 +38,7 @@ resumes; each completed arm is kept as benchmarks/results/kss/arms/<arm>.parquet
 cover the arms completed so far). Writes benchmarks/results/kss.json and prints Markdown; ``arms`` also writes
 rksp_cli/preventions.json, from which ``rksp screen`` recommends a prevention for a model of the
 regime's normalisation only when it measurably helped (``rksp_cli.risk.preventions``).
-Run: python benchmarks/kss_regime.py [regime|arms|maxlr|mechanism] (make bench-kss-regime)
+Run: python benchmarks/kss_regime.py [regime|arms|overhead|maxlr|mechanism] (make bench-kss-regime)
 """
 
 from __future__ import annotations
@@ -39,14 +47,17 @@ import argparse
 import json
 import math
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 import pandas as pd
+import torch
 from scipy.stats import fisher_exact
 
 from rksp_cli.files import atomic_path
+from rksp_cli.probe import probe
 from rksp_cli.risk.preventions import helpful
-from rksp_cli.spec import set_field, spec_from_dict
+from rksp_cli.spec import ScreenSpec, set_field, spec_from_dict
 from rksp_cli.sweep import Point, run_sweep
 
 HERE = Path(__file__).parent / "results"
@@ -70,17 +81,24 @@ ARMS: dict[str, dict[str, Any]] = {  # in the order they run: the likeliest to h
     "warmup x4": {"training.warmup_steps": 400},
     "clip 0.5": {"training.grad_clip": 0.5},
     "KSS alpha 0.20": {"training.kss_alpha": 0.20},
+    "KSS alpha 0.015 every step": {"training.kss_alpha": 0.015, "training.kss_every": 1},
 }
 
 
-def _point(lr: float, seed: int, changes: dict[str, Any]) -> Point:
+OVERHEAD = "overhead (interleaved)"  # where an arm's time ratio came from
+
+
+def _spec(lr: float, seed: int, changes: dict[str, Any]) -> ScreenSpec:
     raw = json.loads(json.dumps(REGIME))
     set_field(raw, "training.lr", lr)
     set_field(raw, "probe.seed", seed)
     for name, value in changes.items():
         set_field(raw, name, value)
-    spec = spec_from_dict(raw, source="kss benchmark")
-    return Point.of(spec)
+    return spec_from_dict(raw, source="kss benchmark")
+
+
+def _point(lr: float, seed: int, changes: dict[str, Any]) -> Point:
+    return Point.of(_spec(lr, seed, changes))
 
 
 def _run(points: list[Point], name: str, workers: int) -> pd.DataFrame:
@@ -122,10 +140,13 @@ def regime(workers: int) -> list[dict[str, Any]]:
     return rows
 
 
-def arms(workers: int, lrs: list[float], seeds: list[int], only: list[str] | None = None) -> list[dict[str, Any]]:
+def arms(
+    workers: int, lrs: list[float], seeds: list[int], only: list[str] | None = None, timing: dict | None = None
+) -> list[dict[str, Any]]:
     """Each arm is its own sweep, exported to benchmarks/results/kss/arms/<arm>.parquet (tracked) when
     it completes, so an interrupted benchmark loses at most the arm in progress. Rows come from every
-    completed arm on disk with this setting, not only those run now; ``only`` runs a subset."""
+    completed arm on disk with this setting, not only those run now; ``only`` runs a subset.
+    ``timing``: ``overhead``'s results, the source of each arm's time ratio where it has one."""
     for arm in only or ARMS:
         _run([_point(lr, s, ARMS[arm]) for lr in lrs for s in seeds], f"arms/{_slug(arm)}", workers)
     rows = []
@@ -135,15 +156,55 @@ def arms(workers: int, lrs: list[float], seeds: list[int], only: list[str] | Non
         done = pd.read_parquet(path) if path.is_file() else None
         if done is None or not keys <= set(done["key"]):
             continue  # not run (completely) at this setting
-        rows.append({"arm": arm, **_summary(done[done["key"].isin(keys)])})
+        rows.append({"arm": arm, "changes": changes, **_summary(done[done["key"].isin(keys)])})
     if not rows or rows[0]["arm"] != "baseline":
         raise SystemExit("the baseline arm has not been run at this setting; run it first (--arms baseline)")
     base = rows[0]
     for row in rows:
         table = [[row["diverged"], row["runs"] - row["diverged"]], [base["diverged"], base["runs"] - base["diverged"]]]
         row["fisher_p"] = float(fisher_exact(table)[1])
-        row["time_ratio"] = row["ms_per_step"] / base["ms_per_step"]
+        if timing and row["arm"] in timing:
+            row["time_ratio"], row["time_source"] = timing[row["arm"]]["ratio"], OVERHEAD
+        else:
+            row["time_ratio"], row["time_source"] = row["ms_per_step"] / base["ms_per_step"], "arm runs"
     return rows
+
+
+OVERHEAD_STEPS, OVERHEAD_ROUNDS = 30, 3
+
+
+def overhead(lr: float) -> dict[str, dict[str, float]]:
+    """Per arm: ms per training step and its ratio to the baseline's, median over rounds, 1 thread.
+
+    The machine's speed drifts by 10% within minutes (a first version, arms timed back to back in
+    a fixed order, put identical-cost arms at 0.91-0.98x). So each round runs the baseline between
+    every two arms and times each arm against the mean of the baselines just before and after it."""
+    torch.set_num_threads(1)
+
+    def ms_per_step(arm: str) -> float:
+        result = probe(_spec(lr, 0, {**ARMS[arm], "training.steps": OVERHEAD_STEPS}))
+        if result.diverged:
+            raise SystemExit(f"overhead: {arm} diverged at lr {lr:g}; time it at a lower lr")
+        return 1000 * result.train_seconds / len(result.losses)
+
+    others = [arm for arm in ARMS if arm != "baseline"]
+    times: dict[str, list[float]] = {arm: [] for arm in ARMS}
+    ratios: dict[str, list[float]] = {arm: [] for arm in others}
+    for round_ in range(OVERHEAD_ROUNDS):
+        before = ms_per_step("baseline")
+        times["baseline"].append(before)
+        for arm in others:
+            ms, after = ms_per_step(arm), ms_per_step("baseline")
+            times[arm].append(ms)
+            times["baseline"].append(after)
+            ratios[arm].append(ms / ((before + after) / 2))
+            print(f"overhead round {round_ + 1}/{OVERHEAD_ROUNDS}: {arm} {ms:.0f} ms/step, {ratios[arm][-1]:.2f}x")
+            before = after
+    out = {"baseline": {"ms_per_step": median(times["baseline"]), "ratio": 1.0, "ratio_min": 1.0, "ratio_max": 1.0}}
+    for arm in others:
+        out[arm] = {"ms_per_step": median(times[arm]), "ratio": median(ratios[arm]),
+                    "ratio_min": min(ratios[arm]), "ratio_max": max(ratios[arm])}  # fmt: skip
+    return out
 
 
 MAXLR_GRID = tuple(0.0025 * 2**k for k in range(10))
@@ -245,42 +306,59 @@ def markdown(results: dict[str, Any]) -> str:
         lines += ["| arm | diverged | Fisher p vs baseline | median diverging step | final accuracy | time/step |"]
         lines += ["|---|---|---|---|---|---|"]
         for r in results["arms"]:
+            source = "" if r.get("time_source") == OVERHEAD else " (arm runs)"
             lines.append(f"| {r['arm']} | {r['diverged']}/{r['runs']} | {r['fisher_p']:.3g} "
                          f"| {f(r['median_diverged_step'], '.0f')} | {f(r['final_accuracy'], '.3f')} "
-                         f"| {r['time_ratio']:.2f}x |")  # fmt: skip
+                         f"| {r['time_ratio']:.2f}x{source} |")  # fmt: skip
+        lines.append("")
+    if "overhead" in results:
+        lines += ["| arm | ms per step (1 thread) | ratio to baseline (range over rounds) |", "|---|---|---|"]
+        for arm, r in results["overhead"].items():
+            spread = f"{r['ratio_min']:.2f}-{r['ratio_max']:.2f}"
+            lines.append(f"| {arm} | {r['ms_per_step']:.0f} | {r['ratio']:.2f}x ({spread}) |")
     return "\n".join(lines)
+
+
+def _results() -> dict[str, Any]:
+    return json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("part", choices=["regime", "arms", "maxlr", "mechanism"])
+    parser.add_argument("part", choices=["regime", "arms", "overhead", "maxlr", "mechanism"])
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--lrs", default="0.0035,0.004,0.0045", help="arms: lrs (comma-separated)")
     parser.add_argument("--seeds", type=int, default=8, help="arms: seeds per lr")
     parser.add_argument("--arms", default="", help=f"arms: a subset, comma-separated ({', '.join(ARMS)})")
     args = parser.parse_args()
-    results = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
+    results = _results()
+    new: dict[str, Any] = {}
     if args.part == "regime":
-        results["regime"] = regime(args.workers)
+        new["regime"] = regime(args.workers)
     elif args.part == "mechanism":
-        results["mechanism"] = mechanism(args.workers)
+        new["mechanism"] = mechanism(args.workers)
+    elif args.part == "overhead":
+        lrs = [float(x) for x in args.lrs.split(",")]
+        new["overhead"] = overhead(min(lrs))
+        new["overhead_setting"] = {"lr": min(lrs), "steps": OVERHEAD_STEPS, "rounds": OVERHEAD_ROUNDS, "threads": 1}
     elif args.part == "maxlr":
         prevention = shipped_prevention(results)
-        results["max_stable_lr"] = max_stable_lr(args.workers, prevention)
-        results["max_stable_lr_setting"] = {"grid": list(MAXLR_GRID), "seeds": len(MAXLR_SEEDS),
-                                            "stable_below": STABLE_BELOW, "prevention": prevention}  # fmt: skip
+        new["max_stable_lr"] = max_stable_lr(args.workers, prevention)
+        new["max_stable_lr_setting"] = {"grid": list(MAXLR_GRID), "seeds": len(MAXLR_SEEDS),
+                                        "stable_below": STABLE_BELOW, "prevention": prevention}  # fmt: skip
     else:
         lrs = [float(x) for x in args.lrs.split(",")]
         only = [a.strip() for a in args.arms.split(",") if a.strip()] or None
         unknown = sorted(set(only or []) - set(ARMS))
         if unknown:
             parser.error(f"--arms: unknown arm(s) {', '.join(unknown)}; choose from {', '.join(ARMS)}")
-        results["arms"] = arms(args.workers, lrs, list(range(args.seeds)), only)
-        results["arms_setting"] = {"base": REGIME, "lrs": lrs, "seeds": args.seeds}
-        shipped = {"source": "benchmarks/kss_regime.py arms", "setting": results["arms_setting"],
-                   "families": {REGIME["model"]["norm"]: results["arms"]}}  # fmt: skip
+        new["arms"] = arms(args.workers, lrs, list(range(args.seeds)), only, results.get("overhead"))
+        new["arms_setting"] = {"base": REGIME, "lrs": lrs, "seeds": args.seeds}
+        shipped = {"source": "benchmarks/kss_regime.py arms", "setting": new["arms_setting"],
+                   "families": {REGIME["model"]["norm"]: new["arms"]}}  # fmt: skip
         with atomic_path(PREVENTIONS) as tmp:
             tmp.write_text(json.dumps(shipped, indent=1))
+    results = _results() | new  # re-read: another part may have written its keys while this one ran
     with atomic_path(RESULTS) as tmp:
         tmp.write_text(json.dumps(results, indent=1))
     print(markdown(results))

@@ -196,7 +196,7 @@ def screen_subject(
     features = _features(first, subject, spec)
     risk = risk_model.assess(screen_row(spec, features, norm=norm))
     if risk.verdict == "high":
-        risk.notes.append(advice(norm))
+        risk.notes.append(advice(norm, builtin=spec.model.arch == "gpt"))
     result = ScreenResult(spec, subject.summary, spectra, first.stream_rms, features, risk, timings, warnings)
     result.samples = [features]
     if repeats > 1:

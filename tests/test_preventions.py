@@ -29,6 +29,13 @@ def test_only_arms_that_halve_divergence_significantly_and_cheaply_pass():
 def test_advice_names_the_measured_effect_or_says_nothing_was_shown():
     text = advice("none", MEASURED)
     assert "clip 1.0" in text and "2/24" in text and "14/24" in text and "KSS" not in text
+    assert "also passed" not in text  # one arm passed
+    sigma = _arm("sigmaReparam", 0, p=1e-8) | {"changes": {"model.sigma_reparam": True}}
+    text = advice("none", {"families": {"none": [*MEASURED["families"]["none"], sigma]}})
+    assert "use sigmaReparam (model.sigma_reparam: true):" in text  # how to switch it on
+    text = advice("none", {"families": {"none": [*MEASURED["families"]["none"], sigma]}}, builtin=False)
+    assert "use sigmaReparam:" in text  # a transformers model has no model.sigma_reparam field
+    assert text.index("sigmaReparam") < text.index("clip 1.0 also passed (2/24)")  # the best first, then the rest
     failing = {"families": {"none": [_arm("baseline", 14), _arm("KSS alpha 0.10", 19, p=0.2)]}}
     assert "no prevention halved divergence" in advice("none", failing)
     assert "tried: KSS alpha 0.10;" in advice("none", failing)  # names what was measured, nothing more

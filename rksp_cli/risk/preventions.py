@@ -53,8 +53,9 @@ def _accuracy_no_worse(arm: dict[str, Any], base: dict[str, Any]) -> bool:
     return arm["final_accuracy"] >= base["final_accuracy"] - noise
 
 
-def advice(norm: str | None, data: dict[str, Any] | None = None) -> str:
-    """One sentence for a high-risk screen of a model with normalisation ``norm``."""
+def advice(norm: str | None, data: dict[str, Any] | None = None, builtin: bool = True) -> str:
+    """One sentence for a high-risk screen of a model with normalisation ``norm``; ``builtin``: the
+    model is rksp's own GPT, whose ``model.*`` fields can switch an arm on (a transformers model's cannot)."""
     data = measured() if data is None else data
     rows = data.get("families", {}).get(norm) if norm else None
     models = f"models with norm {norm!r}" if norm else "models of this architecture"
@@ -71,8 +72,16 @@ def advice(norm: str | None, data: dict[str, Any] | None = None) -> str:
             "benchmarks/kss_regime.py)"
         )
     r = best[0]
+    also = "".join(f"; {_named(o, builtin)} also passed ({o['diverged']}/{o['runs']})" for o in best[1:])
     return (
-        f"{lower}, or use {r['arm']}: in rksp's benchmark of {models} it diverged in "
+        f"{lower}, or use {_named(r, builtin)}: in rksp's benchmark of {models} it diverged in "
         f"{r['diverged']}/{r['runs']} runs against {base['diverged']}/{base['runs']} without "
-        f"(Fisher p {r['fisher_p']:.2g}, {100 * (r['time_ratio'] - 1):+.0f}% time per step)"
+        f"(Fisher p {r['fisher_p']:.2g}, {100 * (r['time_ratio'] - 1):+.0f}% time per step){also}"
     )
+
+
+def _named(arm: dict[str, Any], builtin: bool) -> str:
+    """The arm's name and, where the benchmark recorded them, the config fields that switch it on."""
+    fields = {k: v for k, v in arm.get("changes", {}).items() if builtin or not k.startswith("model.")}
+    how = ", ".join(f"{field}: {json.dumps(value)}" for field, value in fields.items())
+    return f"{arm['arm']} ({how})" if how else arm["arm"]
