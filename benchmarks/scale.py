@@ -10,8 +10,8 @@ own process the same way (build, then one no-grad forward pass without hooks; fo
 that includes materialising each block: a forward pass cannot run without it). The spectra's cost
 is what the screen adds to it, screen wall - bare wall (capture, de-duplication, DMD, risk,
 output), over the bare forward pass's own time; and the whole screen over the bare process. The
-screen's own timings are kept beside them, but its "forward" is not a bare forward: it includes
-the capture, and the eigenvalue solves that overlap it. Results: benchmarks/results/scale.json.
+screen's own timings are kept beside them: its "forward" includes the capture of the sampled
+states, its "dmd" the de-duplication and the spectra. Results: benchmarks/results/scale.json.
 """
 
 from __future__ import annotations

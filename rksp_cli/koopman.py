@@ -116,32 +116,6 @@ def layer_spectrum(
     ``sequences`` (N ints, optional): the input sequence each token state comes from, which fixes
     the sample eta_nl is read on (``DMDSettings.eta_tokens``).
     """
-    return prepare_spectrum(X, Y, settings, sequences).finish()
-
-
-@dataclass(frozen=True)
-class PreparedSpectrum:
-    """A transition with its operator fitted and eta_nl read; ``finish`` solves for the eigenvalues.
-
-    Split so that the screen can run the eigenvalue solve, which LAPACK does on one core, beside
-    the forward pass of the next block (``screen._measure``)."""
-
-    fit: _Fit | None  # None: the input states have no variance
-    name: str
-    eta: float
-    d: int
-    settings: DMDSettings
-
-    def finish(self) -> LayerSpectrum:
-        if self.fit is None:
-            return _no_variance(self.d)
-        return _analyse(self.fit, self.settings, self.name, self.eta)
-
-
-def prepare_spectrum(
-    X: torch.Tensor, Y: torch.Tensor, settings: DMDSettings = DMDSettings(), sequences: torch.Tensor | None = None
-) -> PreparedSpectrum:
-    """``layer_spectrum`` up to the eigenvalue solve."""
     if X.shape != Y.shape or X.ndim != 2:
         raise ValueError(f"X and Y must be (d, N) matrices of one shape, got {tuple(X.shape)} and {tuple(Y.shape)}")
     if X.shape[1] < 2:
@@ -150,9 +124,9 @@ def prepare_spectrum(
     Y = Y.to(torch.float64)
     fitted = _fit(X, Y, settings)
     if fitted is None:
-        return PreparedSpectrum(None, "none", math.nan, X.shape[0], settings)
+        return _no_variance(X.shape[0])
     fit, name = fitted
-    return PreparedSpectrum(fit, name, _eta_on_sequence_groups(X, Y, sequences, settings, fit), X.shape[0], settings)
+    return _analyse(fit, settings, name, _eta_on_sequence_groups(X, Y, sequences, settings, fit))
 
 
 def _fit(X: torch.Tensor, Y: torch.Tensor, settings: DMDSettings) -> tuple[_Fit, str] | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 from rich import box
@@ -14,17 +15,18 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from rksp_cli.compare import Change, Comparison
-from rksp_cli.ladder import LadderFit, Search, Target
-from rksp_cli.monitors.faults import FaultRun
 from rksp_cli.probe import BASELINE_STEP, ProbeResult
 from rksp_cli.report import sweep_axes
 from rksp_cli.risk import RiskAssessment, format_risk
-from rksp_cli.risk.evaluation import BOOTSTRAP_CI, EDGE_SPREAD_BAR
 from rksp_cli.risk.features import SHIPPED
 from rksp_cli.screen import ScreenResult
 from rksp_cli.serialize import dumps
 from rksp_cli.watch import HEADLINES, MetricsLog
+
+if TYPE_CHECKING:  # types only: a screen's output should not import the fitter, the ladder or the faults
+    from rksp_cli.compare import Change, Comparison
+    from rksp_cli.ladder import LadderFit, Search, Target
+    from rksp_cli.monitors.faults import FaultRun
 
 VERDICT_STYLE = {"low": "bold green", "elevated": "bold yellow", "high": "bold red", "unknown": "bold blue"}
 
@@ -242,6 +244,8 @@ VALIDATIONS = {  # report key: what the held-out rows are
 
 def render_calibration(report: dict, console: Console) -> None:
     """How the fitted model transfers, every feature set, the baselines, and the plain-words verdict."""
+    from rksp_cli.risk.evaluation import EDGE_SPREAD_BAR  # the fitter's module: only `rksp calibrate` pays for it
+
     console.print(
         f"{report['n_runs']} runs, {report['n_architectures']} architectures, {report['n_positive']} positive "
         f"({report['label']})",
@@ -271,6 +275,8 @@ def render_calibration(report: dict, console: Console) -> None:
 
 def calibration_markdown(report: dict, sources: list[Path]) -> str:
     """The held-out report as Markdown, saved next to the calibration file."""
+    from rksp_cli.risk.evaluation import BOOTSTRAP_CI, EDGE_SPREAD_BAR
+
     runs = ", ".join(f"`{s}`" for s in sources)
     lines = [
         "# Calibration report",

@@ -6,11 +6,9 @@ calls this and renders the result.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +19,7 @@ from rksp_cli.budget import Budget, Cost, ModelShape, screen_cost
 from rksp_cli.capture import capture_residual_stream, sample_positions
 from rksp_cli.data import screen_batch
 from rksp_cli.errors import UnassessableError
-from rksp_cli.koopman import DMDSettings, LayerSpectrum, aggregate, layer_features, prepare_spectrum
+from rksp_cli.koopman import DMDSettings, LayerSpectrum, aggregate, layer_features, layer_spectrum
 from rksp_cli.models import BuildOptions, Subject, build_subject
 from rksp_cli.models.norm import NormFinder
 from rksp_cli.models.streaming import release_free_memory
@@ -242,10 +240,11 @@ def _measure(
     """One forward pass on a token sample drawn with ``token_seed``, each transition profiled as
     soon as its two states exist (only h_l and h_{l+1} are held at a time).
 
-    A transition's eigenvalue solve, which LAPACK runs on one core, goes to a worker thread and
-    overlaps the next block's forward pass (unless torch is pinned to one thread); one solve is in
-    flight at a time, so memory stays at one operator. ``dmd_seconds`` is the time the main
-    thread spends on the spectra, waiting for a solve included."""
+    Everything runs on the calling thread. An earlier release solved each transition's eigenvalues
+    on a worker thread beside the next block's forward pass; on a 2-core AVX-512 EPYC that made
+    the GPT-2 124M screen 8% slower (a third thread competing with the forward pass's two) and a
+    streamed one 1-3% slower, so it was dropped. ``dmd_seconds`` counts the de-duplication of the
+    states too: it is work the spectra need and a bare forward pass does not."""
     gen = torch.Generator().manual_seed(token_seed)
     ids = screen_batch(spec.probe.input, spec.probe.tokens, subject.vocab_size, subject.seq_len, gen)
     positions = sample_positions(ids.numel(), spec.probe.tokens, gen)
@@ -255,13 +254,6 @@ def _measure(
     dmd_seconds: list[float] = []
     distinct = spec.probe.tokens
     previous: list[torch.Tensor] = []
-    solving: list[Future[LayerSpectrum]] = []  # the one eigenvalue solve in flight
-    # with one torch thread the user asked for one core: solve in line
-    solver = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rksp-eig") if torch.get_num_threads() > 1 else None
-
-    def collect() -> None:
-        if solving:
-            spectra.append(solving.pop().result())
 
     def consume(index: int, state: torch.Tensor) -> None:
         """Profile transition index-1 -> index as soon as h_index exists; keep only h_index."""
@@ -274,28 +266,18 @@ def _measure(
             )
         stream_rms.append(float(state.square().mean().sqrt()))
         if previous:
+            t_layer = time.perf_counter()
             X, Y, kept = _distinct_columns(previous.pop().T, state.T)
             distinct = min(distinct, X.shape[1])
-            t_layer = time.perf_counter()
-            prepared = prepare_spectrum(X.to(device), Y.to(device), settings, sequences[kept])
+            spectra.append(layer_spectrum(X.to(device), Y.to(device), settings, sequences[kept]))
             del X, Y
-            collect()
-            if solver is None:
-                spectra.append(prepared.finish())
-            else:
-                solving.append(solver.submit(prepared.finish))
             release_free_memory()
             dmd_seconds.append(time.perf_counter() - t_layer)
             if on_layer is not None:
                 on_layer(index, subject.n_layers)
         previous.append(state)
 
-    with solver or contextlib.nullcontext():
-        capture = capture_residual_stream(subject.blocks, lambda: subject.forward(ids), positions, on_state=consume)
-        t_last = time.perf_counter()
-        collect()
-    if dmd_seconds:
-        dmd_seconds[-1] += time.perf_counter() - t_last
+    capture = capture_residual_stream(subject.blocks, lambda: subject.forward(ids), positions, on_state=consume)
     init_loss = None if capture.result is None else float(capture.result)
     return _Measurement(spectra, stream_rms, distinct, init_loss, dmd_seconds, capture.block_seconds)
 
@@ -359,18 +341,19 @@ def _distinct_columns(X: torch.Tensor, Y: torch.Tensor) -> tuple[torch.Tensor, t
     """Drop repeated token states (identical prefixes give identical columns), keeping order; also
     the indices of the columns kept.
 
-    Columns are bucketed by an exact integer hash of their bits (``_column_hash``: no round-off, so
-    identical columns always share a bucket) and only columns that share a bucket are compared in
-    full. A row-wise ``torch.unique`` sorted every column and took 0.09 s per d = 768 transition,
-    a tenth of the screen's spectra; this takes 0.03 s (AMD EPYC, 2 threads).
+    Columns are bucketed by an exact integer hash of the bits of a fixed sample of their rows
+    (``_column_hash``): identical columns always share a bucket, and only columns that share one
+    are compared in full, so a collision costs a comparison, never a wrong answer. A row-wise
+    ``torch.unique`` took 0.09 s per d = 768 transition; hashing every row 0.03 s; the sample of
+    rows 0.003 s (AMD EPYC, 2 threads).
     """
-    pairs = torch.cat([X, Y]) + 0.0  # + 0.0: -0.0 becomes 0.0, as equality sees them
-    buckets = _column_hash(pairs)
-    _, bucket, counts = torch.unique(buckets, return_inverse=True, return_counts=True)
-    keep = torch.ones(pairs.shape[1], dtype=torch.bool)
+    rows = torch.cat([X[_hashed_rows(X.shape[0])], Y[_hashed_rows(Y.shape[0])]]) + 0.0  # -0.0 -> 0.0, as == sees it
+    _, bucket, counts = torch.unique(_column_hash(rows), return_inverse=True, return_counts=True)
+    keep = torch.ones(X.shape[1], dtype=torch.bool)
     shared = (counts[bucket] > 1).nonzero().squeeze(1)
     if shared.numel():
-        _, inverse = torch.unique(pairs[:, shared].T, dim=0, return_inverse=True)
+        pairs = torch.cat([X[:, shared], Y[:, shared]]) + 0.0
+        _, inverse = torch.unique(pairs.T, dim=0, return_inverse=True)
         first = torch.full((int(inverse.max()) + 1,), shared.numel(), dtype=torch.long)
         first.scatter_reduce_(0, inverse, torch.arange(shared.numel()), reduce="amin")
         keep[shared] = False
@@ -379,16 +362,18 @@ def _distinct_columns(X: torch.Tensor, Y: torch.Tensor) -> tuple[torch.Tensor, t
     return X[:, kept], Y[:, kept], kept
 
 
-def _column_hash(M: torch.Tensor, chunk: int = 512) -> torch.Tensor:
+def _hashed_rows(d: int, k: int = 32) -> torch.Tensor:
+    """The rows of each state that ``_distinct_columns`` hashes: k of them, fixed by the width alone."""
+    return torch.randperm(d, generator=torch.Generator().manual_seed(0))[:k].sort().values
+
+
+def _column_hash(M: torch.Tensor) -> torch.Tensor:
     """An exact integer hash of each column's bits: the column read as 16-bit integers, times
     random weights below 2^16, summed in int64 (no term reaches 2^31, so no sum of fewer than 2^32
-    of them overflows). Identical columns get identical hashes; a collision only costs a comparison."""
-    rows = M.T.contiguous().view(torch.int16)  # (N, 16-bit words of one column)
-    weights = torch.randint(1, 2**16, (rows.shape[1],), generator=torch.Generator().manual_seed(0))
-    out = torch.zeros(rows.shape[0], dtype=torch.int64)
-    for start in range(0, rows.shape[1], chunk):  # in chunks, to bound the int64 copy
-        out += (rows[:, start : start + chunk].to(torch.int64) * weights[start : start + chunk]).sum(1)
-    return out
+    of them overflows). Identical columns get identical hashes."""
+    words = M.T.contiguous().view(torch.int16).to(torch.int64)  # (N, 16-bit words of one column)
+    weights = torch.randint(1, 2**16, (words.shape[1],), generator=torch.Generator().manual_seed(0))
+    return (words * weights).sum(1)
 
 
 def _warnings(spectra: list[LayerSpectrum], d: int, n_tokens: int, distinct: int, settings: DMDSettings) -> list[str]:

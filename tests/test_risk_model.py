@@ -2,6 +2,9 @@
 
 import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -15,6 +18,7 @@ from rksp_cli.risk.calibration import load_calibration, read_runs, read_token_sa
 from rksp_cli.risk.estimator import DivergenceModel, MonotoneLogistic
 from rksp_cli.risk.evaluation import architecture_splits, ece, evaluate, scale_split
 from rksp_cli.risk.features import SHIPPED, architecture_groups
+from rksp_cli.risk.scoring import FittedRisk, NotFittedError
 
 
 def synthetic_runs(n_arch: int = 60, lrs: int = 6, seed: int = 0) -> pd.DataFrame:
@@ -158,12 +162,36 @@ def test_a_training_setting_the_runs_held_fixed_is_extrapolation(risk, runs):
 
 
 def test_json_round_trip_predicts_the_same(tmp_path, runs, fitted):
+    """A calibration file loads into the scorer alone (no scikit-learn), which scores with the
+    fitted estimator's own code on the same numbers (JSON keeps every float): bit for bit."""
     save_calibration(tmp_path / "cal.json", fitted, {"n_runs": len(runs)}, runs)
     loaded = load_calibration(tmp_path / "cal.json")
-    assert np.allclose(loaded.model.predict_proba(runs), fitted.predict_proba(runs), atol=1e-12)
-    assert np.allclose(loaded.model.interval(runs), fitted.interval(runs), atol=1e-12)
+    assert type(loaded.model) is FittedRisk
+    assert np.array_equal(loaded.model.predict_proba(runs), fitted.predict_proba(runs))
+    assert np.array_equal(loaded.model.interval(runs), fitted.interval(runs), equal_nan=True)
+    assert np.array_equal(loaded.model.edge(runs, 0.2), fitted.edge(runs, 0.2), equal_nan=True)
     assert loaded.fixed_settings["training.optimizer"] == "adamw"
     assert not list(tmp_path.glob(".*.tmp*"))  # written atomically, no temporary left
+
+
+def test_an_unfitted_model_says_so_before_scoring(runs):
+    with pytest.raises(NotFittedError, match="not fitted"):
+        DivergenceModel().predict_proba(runs)
+
+
+def test_a_screen_never_imports_the_fitter():
+    """Scoring a screen needs numpy and pandas: scikit-learn and SciPy (about 1 s to import) load
+    only for `rksp calibrate` and the ladder."""
+    code = (
+        "import sys; from typer.testing import CliRunner; from rksp_cli.cli import app; "
+        "r = CliRunner().invoke(app, ['screen', sys.argv[1], '--spread', '1']); "
+        "assert r.exit_code == 0, r.output; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('sklearn', 'scipy')))"
+    )
+    config = Path(__file__).parent.parent / "screens" / "gpt-small-noln.yaml"
+    done = subprocess.run([sys.executable, "-c", code, str(config)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"
 
 
 def test_no_architecture_straddles_a_fold_or_the_scale_split(runs):

@@ -298,17 +298,19 @@ def test_distinct_columns_drop_exact_repeats_only_and_keep_order():
     assert torch.equal(Xd, X[:, kept]) and torch.equal(Yd, Y[:, kept])
 
 
-def test_the_overlapped_eigenvalue_solve_gives_the_numbers_of_the_in_line_one(monkeypatch):
-    """With more than one torch thread the solves run on a worker thread, with one in line; the
-    same LAPACK call on the same operator, so the same numbers, bit for bit."""
-    spec = spec_from_dict({"model": {"d_model": 32, "n_layers": 3, "n_heads": 4}, "probe": {"tokens": 256}})
-    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
-    overlapped = screen(spec)
-    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)  # the forward pass keeps its threads
-    in_line = screen(spec)
-    for a, b in zip(overlapped.spectra, in_line.spectra, strict=True):
-        assert torch.equal(a.eigenvalues, b.eigenvalues) and a.eta_nl == b.eta_nl
-    assert overlapped.features == in_line.features
+def test_distinct_columns_compare_every_row_not_only_the_hashed_ones():
+    """Columns are bucketed by a sample of their rows; two columns equal there but not everywhere are
+    both kept, whichever row tells them apart."""
+    from rksp_cli.screen import _distinct_columns
+
+    g = torch.Generator().manual_seed(1)
+    d = 96
+    for row in range(d):
+        X, Y = torch.randn(d, 5, generator=g), torch.randn(d, 5, generator=g)
+        X[:, 4], Y[:, 4] = X[:, 2], Y[:, 2]  # a true repeat
+        X[:, 1], Y[:, 1] = X[:, 0], Y[:, 0]
+        Y[row, 1] += 1.0  # differs from column 0 in this one row only
+        assert _distinct_columns(X, Y)[2].tolist() == [0, 1, 2, 3]
 
 
 def test_the_cost_estimate_counts_the_eta_refits_above_the_calibrations_sample(monkeypatch):

@@ -5,16 +5,19 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from rksp_cli import __version__
 from rksp_cli.errors import InputError
 from rksp_cli.files import atomic_path
-from rksp_cli.risk.estimator import FOLDS, DivergenceModel
-from rksp_cli.risk.features import architecture_groups
+from rksp_cli.risk.features import FOLDS, architecture_groups
+from rksp_cli.risk.scoring import FittedRisk
 from rksp_cli.sweep import fill_added_later
+
+if TYPE_CHECKING:
+    from rksp_cli.risk.estimator import DivergenceModel
 
 KIND = "rksp-divergence-model"
 FORMAT = 2  # 2: the monotone model with bootstrap refits (issue 14); 1 was the lr-interaction model
@@ -107,7 +110,7 @@ class Calibration:
     """A fitted model, the settings its runs shared, its lr range and its held-out report."""
 
     path: Path
-    model: DivergenceModel
+    model: FittedRisk  # scoring only: loading a calibration never imports scikit-learn
     fixed_settings: dict[str, Any]
     lr_range: tuple[float, float]
     report: dict[str, Any]
@@ -139,7 +142,7 @@ def load_calibration(path: str | Path) -> Calibration:
         if data.get("format") != FORMAT:
             found = data.get("format", 1)
             raise ValueError(f"format {found}; this rksp reads format {FORMAT}: refit with `rksp calibrate`")
-        model = DivergenceModel.from_dict(data["model"])
+        model = FittedRisk.from_dict(data["model"])
         lo, hi = data["lr_range"]
         return Calibration(path, model, data.get("fixed_settings", {}), (float(lo), float(hi)), data.get("report", {}))
     except (ValueError, KeyError, TypeError, json.JSONDecodeError) as exc:

@@ -30,8 +30,8 @@ import pandas as pd
 from scipy import stats
 
 from rksp_cli.errors import InputError
+from rksp_cli.risk.scoring import INTERVAL
 
-INTERVAL = 0.9
 WIDTH, DEPTH, LR, SEED = "config.model.d_model", "config.model.n_layers", "config.training.lr", "config.probe.seed"
 
 

@@ -27,8 +27,16 @@ import numpy as np
 import pandas as pd
 
 from rksp_cli.risk.assessment import EDGE_LEVEL
-from rksp_cli.risk.estimator import FOLDS, DivergenceModel
-from rksp_cli.risk.features import FEATURE_SETS, SHIPPED, WITHOUT_SPECTRA, architecture_groups, column, norm_family
+from rksp_cli.risk.estimator import DivergenceModel
+from rksp_cli.risk.features import (
+    FEATURE_SETS,
+    FOLDS,
+    SHIPPED,
+    WITHOUT_SPECTRA,
+    architecture_groups,
+    column,
+    norm_family,
+)
 
 LABELS = {
     "label": "diverged (loss > 50 or grad norm > 500, or non-finite, at any step: the RKSP paper's label)",

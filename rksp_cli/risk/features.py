@@ -166,6 +166,7 @@ def design(frame: pd.DataFrame, features: tuple[str, ...]) -> pd.DataFrame:
 
 # What varies *within* an architecture: a group of runs that share everything else is one
 # architecture, and a held-out architecture must leave the fit with all its lrs and seeds.
+FOLDS = 5  # grouped cross-validation folds, a group being one architecture (see architecture_groups)
 WITHIN_ARCHITECTURE = ("config.training.lr", "config.training.warmup_steps", "config.probe.seed")
 
 
