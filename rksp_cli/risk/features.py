@@ -166,8 +166,8 @@ def design(frame: pd.DataFrame, features: tuple[str, ...]) -> pd.DataFrame:
 
 # What varies *within* an architecture: a group of runs that share everything else is one
 # architecture, and a held-out architecture must leave the fit with all its lrs and seeds.
-FOLDS = 5  # grouped cross-validation folds, a group being one architecture (see architecture_groups)
 WITHIN_ARCHITECTURE = ("config.training.lr", "config.training.warmup_steps", "config.probe.seed")
+FOLDS = 5  # grouped cross-validation folds, each group one architecture
 
 
 def architecture_groups(frame: pd.DataFrame) -> pd.Series:
