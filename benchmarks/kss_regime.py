@@ -180,6 +180,24 @@ def arms(
     return rows
 
 
+# An arm "learned" the recall task when its trained runs recall at least this multiple of chance
+# (1 / the number of values, half the vocabulary). Design choice: below it, "final accuracy no
+# worse" compares noise around chance and cannot tell a prevention that stops learning.
+LEARNED_OVER_CHANCE = 10
+
+
+def unlearned(rows: list[dict[str, Any]]) -> str | None:
+    """The caveat the arms carry when no arm learned the task, else None."""
+    chance = 2 / REGIME["model"]["vocab_size"]
+    best = max((r["final_accuracy"] for r in rows if r["final_accuracy"] is not None), default=0.0)
+    if best >= LEARNED_OVER_CHANCE * chance:
+        return None
+    return (
+        f"no arm learned the benchmark's task in {REGIME['training']['steps']} steps (final accuracy at most "
+        f"{best:.3f}, chance {chance:.3f}), so the arms are compared on divergence, not on what a run learns"
+    )
+
+
 OVERHEAD_STEPS, OVERHEAD_ROUNDS = 30, 3
 
 
@@ -368,6 +386,8 @@ def main() -> None:
         new["arms_setting"] = {"base": REGIME, "lrs": lrs, "seeds": args.seeds}
         shipped = {"source": "benchmarks/kss_regime.py arms", "setting": new["arms_setting"],
                    "families": {REGIME["model"]["norm"]: new["arms"]}}  # fmt: skip
+        if caveat := unlearned(new["arms"]):
+            shipped["caveat"] = new["arms_caveat"] = caveat
         with atomic_path(PREVENTIONS) as tmp:
             tmp.write_text(json.dumps(shipped, indent=1))
     results = _results() | new  # re-read: another part may have written its keys while this one ran

@@ -36,6 +36,10 @@ def test_advice_names_the_measured_effect_or_says_nothing_was_shown():
     text = advice("none", {"families": {"none": [*MEASURED["families"]["none"], sigma]}}, builtin=False)
     assert "use sigmaReparam:" in text  # a transformers model has no model.sigma_reparam field
     assert text.index("sigmaReparam") < text.index("clip 1.0 also passed (2/24)")  # the best first, then the rest
+    caveat = "no arm learned the task in 1000 steps"
+    assert "caveat" not in text
+    with_caveat = advice("none", {"families": {"none": [*MEASURED["families"]["none"], sigma]}, "caveat": caveat})
+    assert with_caveat.endswith(f"; caveat: {caveat}")  # the benchmark's own limits travel with its advice
     failing = {"families": {"none": [_arm("baseline", 14), _arm("KSS alpha 0.10", 19, p=0.2)]}}
     assert "no prevention halved divergence" in advice("none", failing)
     assert "tried: KSS alpha 0.10;" in advice("none", failing)  # names what was measured, nothing more

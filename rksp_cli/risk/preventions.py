@@ -73,10 +73,12 @@ def advice(norm: str | None, data: dict[str, Any] | None = None, builtin: bool =
         )
     r = best[0]
     also = "".join(f"; {_named(o, builtin)} also passed ({o['diverged']}/{o['runs']})" for o in best[1:])
+    caveat = data.get("caveat")  # what the benchmark itself says its measurement cannot show
     return (
         f"{lower}, or use {_named(r, builtin)}: in rksp's benchmark of {models} it diverged in "
         f"{r['diverged']}/{r['runs']} runs against {base['diverged']}/{base['runs']} without "
         f"(Fisher p {r['fisher_p']:.2g}, {100 * (r['time_ratio'] - 1):+.0f}% time per step){also}"
+        + (f"; caveat: {caveat}" if caveat else "")
     )
 
 
