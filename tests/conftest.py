@@ -7,48 +7,18 @@ import torch
 
 torch.set_num_threads(1)  # deterministic and quiet on a 2-core CI machine
 
+# The shape every small transformers config shares: 2 layers of width 32, 4 heads, 96 tokens.
+_SMALL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, vocab_size=96)
+
 HF_CONFIGS = {
     "gpt2": ("GPT2Config", dict(n_embd=32, n_layer=2, n_head=4, vocab_size=96, n_positions=64)),
-    "llama": (
-        "LlamaConfig",
-        dict(
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            vocab_size=96,
-            max_position_embeddings=64,
-        ),
-    ),
+    "llama": ("LlamaConfig", _SMALL | dict(num_key_value_heads=2, max_position_embeddings=64)),
     "mixtral": (
         "MixtralConfig",
-        dict(
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            vocab_size=96,
-            num_local_experts=4,
-            max_position_embeddings=64,
-        ),
+        _SMALL | dict(num_key_value_heads=2, num_local_experts=4, max_position_embeddings=64),
     ),
-    "bert": (
-        "BertConfig",
-        dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, vocab_size=96),
-    ),
-    "gpt_neox": (
-        "GPTNeoXConfig",
-        dict(
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            vocab_size=96,
-            max_position_embeddings=64,
-        ),
-    ),
+    "bert": ("BertConfig", _SMALL),
+    "gpt_neox": ("GPTNeoXConfig", _SMALL | dict(max_position_embeddings=64)),
     "mamba": ("MambaConfig", dict(hidden_size=32, num_hidden_layers=2, vocab_size=96, state_size=8)),
 }
 
