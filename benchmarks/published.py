@@ -12,8 +12,8 @@ not dividing 2048), randomly initialised from their configs (benchmarks/configs)
 once (N = 2048 token states) with the shipped risk model. Every one lies outside the calibrated
 box (warmup and batch alone), so each reports an interval.
 
-Writes benchmarks/results/published.json and prints Markdown. About 15 minutes on 2 cores (the
-1B, 1.4B and GPT-3 XL screens dominate). Run: make bench-published
+Writes benchmarks/results/published.json and prints Markdown. About 3 minutes on a 2-core AVX-512
+EPYC at N = 2048, about 20 at N = 8192 (the 2048-wide screens dominate). Run: make bench-published
 
 ``--tokens N`` screens with N token states instead (results in published-N<N>.json): at N = 2048
 the 1B and 1.4B widths (2048) leave the fit exact, so their risk is not scored; N = 8192 measures
