@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from rksp_cli.koopman import DMDSettings, aggregate, layer_spectrum, spectral_masses
+from rksp_cli.koopman import DMDSettings, aggregate, layer_spectrum, spectral_masses, whiten
 from tests.tolerances import (
     EPS64,
     condition,
@@ -187,6 +187,66 @@ def test_resdmd_filter_falls_back_and_flags_when_nothing_survives():
     strict = layer_spectrum(X, Y, DMDSettings(residual_tol=1e-12))
     assert strict.filter_fallback and strict.n_kept == 12
     assert strict.notes
+
+
+def _ill_conditioned_snapshots(d: int, n: int, cond: float, noise: float, seed: int = 0):
+    """Y = A X + noise for an operator A = V diag(lambda) V^-1 whose eigenvectors have condition ~``cond``."""
+    g = torch.Generator().manual_seed(seed)
+    Q1, _ = torch.linalg.qr(torch.randn(d, d, generator=g, dtype=torch.float64))
+    Q2, _ = torch.linalg.qr(torch.randn(d, d, generator=g, dtype=torch.float64))
+    V = Q1 @ torch.diag(torch.logspace(0, -math.log10(cond), d, dtype=torch.float64)) @ Q2
+    lam = 0.2 + 1.2 * torch.rand(d, generator=g, dtype=torch.float64)  # real, distinct, across every band
+    A = V @ torch.diag(lam) @ torch.linalg.inv(V)
+    X = torch.randn(d, n, generator=g, dtype=torch.float64)
+    return X, A @ X + noise * torch.randn(d, n, generator=g, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("cond", [1e2, 1e5])
+def test_resdmd_residuals_equal_eq10_with_lapack_s_own_left_eigenvectors(cond):
+    """The filter reads u* from the rows of V^-1 and the residual from Gram matrices; Eq. 10 directly,
+    with the left eigenvectors LAPACK computes for the same operator, gives the same residuals up
+    to the round-off kappa(V) amplifies."""
+    from scipy.linalg import eig
+    from scipy.optimize import linear_sum_assignment
+
+    d, n = 48, 400
+    X, Y = _ill_conditioned_snapshots(d, n, cond, noise=0.05)
+    spec = layer_spectrum(X, Y, DMDSettings(kappa=True, residual_tol=math.inf))
+    Xc, Yc = X - X.mean(1, keepdim=True), Y - Y.mean(1, keepdim=True)
+    Xw, Yw, Vh, sx = whiten(Xc, Yc, DMDSettings().eps)  # the auto estimator's basis
+    lam, vl = eig(((Yw @ Vh.T) / sx).numpy(), left=True, right=False)  # vl[:, j]^H A = lam_j vl[:, j]^H
+    U = torch.from_numpy(vl).conj().T
+    Xz, Yz = Xw.to(torch.complex128), Yw.to(torch.complex128)
+    lam = torch.from_numpy(lam)
+    direct = torch.linalg.vector_norm(U @ Yz - lam[:, None] * (U @ Xz), dim=1) / torch.linalg.vector_norm(U @ Xz, dim=1)
+    direct = direct * math.sqrt((n - 1) / (n - 1 - d))
+    rows, cols = linear_sum_assignment((spec.eigenvalues[:, None] - lam[None, :]).abs().numpy())
+    assert spec.kappa > cond / 10  # the operator is as ill-conditioned as built
+    tol = eigenvector_tolerance(d, spec.kappa, condition(Xc)) * float(direct.max())
+    assert float((spec.residuals[rows] - direct[cols]).abs().max()) < tol
+    # what a wrong formula would give is far outside that: the uncorrected residual differs by 6%
+    assert float((direct * math.sqrt((n - 1 - d) / (n - 1)) - direct).abs().max()) > 1e3 * tol
+
+
+@pytest.mark.parametrize("d", [32, 256, 768])
+def test_resdmd_residual_estimates_the_noise_at_every_width(d):
+    """Noise of size sigma in every whitened direction: the corrected residual reads sigma whether the
+    fit spent 3% or 75% of the sample's degrees of freedom; uncorrected it would read 0.5 sigma at d = 768."""
+    sigma, n = 0.05, 1024
+    X, Y = _ill_conditioned_snapshots(d, n, cond=10.0, noise=sigma, seed=d)
+    spec = layer_spectrum(X, Y, DMDSettings(residual_tol=math.inf))
+    # per eigenvalue, ||u*E||^2 / sigma^2 ||u*X~||^2 ~ chi^2 over N - 1 - r; the median over d of them is
+    # far tighter than its 4 standard errors sqrt(2 / (N - 1 - r)) used here
+    assert float(spec.residuals.median()) == pytest.approx(sigma, rel=4 * math.sqrt(2 / (n - 1 - d)))
+    assert spec.n_kept == d  # an infinite cut keeps everything
+
+
+def test_the_filter_keeps_at_every_width_what_its_threshold_says():
+    sigma, n = 0.05, 1024
+    for d in (32, 768):
+        X, Y = _ill_conditioned_snapshots(d, n, cond=10.0, noise=sigma, seed=d)
+        assert layer_spectrum(X, Y, DMDSettings(residual_tol=1.5 * sigma)).n_kept == d, d
+        assert layer_spectrum(X, Y, DMDSettings(residual_tol=0.5 * sigma)).filter_fallback, d
 
 
 def test_rejects_mismatched_snapshots():
