@@ -15,8 +15,11 @@ runs diverged, Fisher's exact p against the baseline (two-sided), median divergi
 accuracy of the runs that trained (mean and standard error), and time per training step as a
 ratio to the baseline's, from ``overhead`` when it has been run (else from the arms' own runs,
 whose times move with whatever else shares the machine over hours; ``time_source`` says which).
-The last arm, KSS alpha 0.015 on every step (the published alpha's total over 10 steps, spread
-out), tests a hypothesis of the first pass: that KSS every 10 steps fails as a periodic kick.
+KSS alpha 0.015 on every step (the published alpha's total over 10 steps, spread out) tests a
+hypothesis of the first pass: that KSS every 10 steps fails as a periodic kick. The last arm is
+issue 15's "lr back-off driven by the spectra": every rksp monitor checks every 10 steps and each
+alarm halves the lr (``training.guard: backoff``); its rows also say how many runs it acted on,
+when it first did and how far it cut the lr.
 
 ``overhead``: every arm's time per step measured in one process, 1 thread, each arm between two
 baseline runs (30 training steps each at the arms' lowest lr, inside warmup, 3 rounds; about 20
@@ -82,6 +85,10 @@ ARMS: dict[str, dict[str, Any]] = {  # in the order they run: the likeliest to h
     "clip 0.5": {"training.grad_clip": 0.5},
     "KSS alpha 0.20": {"training.kss_alpha": 0.20},
     "KSS alpha 0.015 every step": {"training.kss_alpha": 0.015, "training.kss_every": 1},
+    # issue 15's "lr back-off driven by the spectra": every rksp monitor (spectral alignment among
+    # them) checks every 10 steps and each alarm halves the lr (Guard); at the default 50 steps none
+    # alarmed before these runs diverged (seeds 0-2 at lr 0.004)
+    "monitor back-off": {"training.guard": "backoff", "training.guard_every": 10},
 }
 
 
@@ -137,7 +144,27 @@ def _summary(runs: pd.DataFrame) -> dict[str, Any]:
         # its standard error (0 from a single trained run: a point comparison)
         "final_accuracy_se": float(accuracy.sem()) if len(accuracy) > 1 else 0.0,
         "ms_per_step": float(ms.median()),
+        **_guarded(runs),
     }
+
+
+def _guarded(runs: pd.DataFrame) -> dict[str, Any]:
+    """For an arm with ``training.guard``: how many runs it acted on, its first action's step and the
+    lr's final multiplier (medians over the runs it acted on); {} for other arms."""
+    if "config.training.guard" not in runs or runs["config.training.guard"].isna().all():
+        return {}
+    acted = [json.loads(a) for a in runs["guard_actions"].dropna()] if "guard_actions" in runs else []
+    return {
+        "guard_acted": len(acted),
+        "guard_first_step": float(median(a[0]["step"] for a in acted)) if acted else None,
+        "guard_lr_scale": float(median(a[-1]["lr_scale"] for a in acted)) if acted else None,
+    }
+
+
+def _controls(changes: dict[str, Any]) -> list[Point]:
+    """A guarded arm at the regime's stable lr, where the baseline did not diverge: what the guard
+    does to runs that need no help (the cost a divergence count cannot show)."""
+    return [_point(REGIME_LRS[0], s, changes) for s in REGIME_SEEDS]
 
 
 def regime(workers: int) -> list[dict[str, Any]]:
@@ -159,6 +186,8 @@ def arms(
     ``timing``: ``overhead``'s results, the source of each arm's time ratio where it has one."""
     for arm in only or ARMS:
         _run([_point(lr, s, ARMS[arm]) for lr in lrs for s in seeds], f"arms/{_slug(arm)}", workers)
+        if "training.guard" in ARMS[arm]:
+            _run(_controls(ARMS[arm]), f"arms/{_slug(arm)}_controls", workers)
     rows = []
     for arm, changes in ARMS.items():
         path = HERE / "kss" / "arms" / f"{_slug(arm)}.parquet"
@@ -167,6 +196,9 @@ def arms(
         if done is None or not keys <= set(done["key"]):
             continue  # not run (completely) at this setting
         rows.append({"arm": arm, "changes": changes, **_summary(done[done["key"].isin(keys)])})
+        controls = HERE / "kss" / "arms" / f"{_slug(arm)}_controls.parquet"
+        if "training.guard" in changes and controls.is_file():
+            rows[-1]["controls"] = {"lr": REGIME_LRS[0], **_summary(pd.read_parquet(controls))}
     if not rows or rows[0]["arm"] != "baseline":
         raise SystemExit("the baseline arm has not been run at this setting; run it first (--arms baseline)")
     base = rows[0]
@@ -201,8 +233,9 @@ def unlearned(rows: list[dict[str, Any]]) -> str | None:
 OVERHEAD_STEPS, OVERHEAD_ROUNDS = 30, 3
 
 
-def overhead(lr: float) -> dict[str, dict[str, float]]:
-    """Per arm: ms per training step and its ratio to the baseline's, median over rounds, 1 thread.
+def overhead(lr: float, only: list[str] | None = None) -> dict[str, dict[str, float]]:
+    """Per arm (``only``: a subset): ms per training step and its ratio to the baseline's, median over
+    rounds, 1 thread.
 
     The machine's speed drifts by 10% within minutes (a first version, arms timed back to back in
     a fixed order, put identical-cost arms at 0.91-0.98x). So each round runs the baseline between
@@ -215,7 +248,7 @@ def overhead(lr: float) -> dict[str, dict[str, float]]:
             raise SystemExit(f"overhead: {arm} diverged at lr {lr:g}; time it at a lower lr")
         return 1000 * result.train_seconds / len(result.losses)
 
-    others = [arm for arm in ARMS if arm != "baseline"]
+    others = [arm for arm in only or ARMS if arm != "baseline"]
     times: dict[str, list[float]] = {arm: [] for arm in ARMS}
     ratios: dict[str, list[float]] = {arm: [] for arm in others}
     for round_ in range(OVERHEAD_ROUNDS):
@@ -340,6 +373,16 @@ def markdown(results: dict[str, Any]) -> str:
             lines.append(f"| {r['arm']} | {r['diverged']}/{r['runs']} | {r['fisher_p']:.3g} "
                          f"| {f(r['median_diverged_step'], '.0f')} | {f(r['final_accuracy'], '.3f')} "
                          f"| {r['time_ratio']:.2f}x{source} |")  # fmt: skip
+        for r in results["arms"]:
+            if "guard_acted" in r:
+                lines.append(f"\n{r['arm']}: acted on {r['guard_acted']}/{r['runs']} runs, first at step "
+                             f"{f(r['guard_first_step'], '.0f')} (median), lr x{f(r['guard_lr_scale'], 'g')} "
+                             "at the end (median)")  # fmt: skip
+            if "controls" in r:
+                c = r["controls"]
+                lines.append(f"{r['arm']} at lr {c['lr']:g}, where the baseline trained: acted on "
+                             f"{c.get('guard_acted', 0)}/{c['runs']} runs, lr x{f(c.get('guard_lr_scale'), 'g')} "
+                             f"at the end (median), {c['diverged']} diverged")  # fmt: skip
         lines.append("")
     if "overhead" in results:
         lines += ["| arm | ms per step (1 thread) | ratio to baseline (range over rounds) |", "|---|---|---|"]
@@ -353,13 +396,22 @@ def _results() -> dict[str, Any]:
     return json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
 
 
+def _only(names: str, parser: argparse.ArgumentParser) -> list[str] | None:
+    """``--arms``: the arms named (None: every arm); an unknown name is the parser's error."""
+    only = [a.strip() for a in names.split(",") if a.strip()] or None
+    unknown = sorted(set(only or []) - set(ARMS))
+    if unknown:
+        parser.error(f"--arms: unknown arm(s) {', '.join(unknown)}; choose from {', '.join(ARMS)}")
+    return only
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("part", choices=["regime", "arms", "overhead", "maxlr", "mechanism"])
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--lrs", default="0.0035,0.004,0.0045", help="arms: lrs (comma-separated)")
     parser.add_argument("--seeds", type=int, default=8, help="arms: seeds per lr")
-    parser.add_argument("--arms", default="", help=f"arms: a subset, comma-separated ({', '.join(ARMS)})")
+    parser.add_argument("--arms", default="", help=f"arms, overhead: a subset, comma-separated ({', '.join(ARMS)})")
     args = parser.parse_args()
     results = _results()
     new: dict[str, Any] = {}
@@ -369,7 +421,12 @@ def main() -> None:
         new["mechanism"] = mechanism(args.workers)
     elif args.part == "overhead":
         lrs = [float(x) for x in args.lrs.split(",")]
-        new["overhead"] = overhead(min(lrs))
+        # each arm is timed against the baselines beside it, so a subset's ratios join the others'
+        # (the baseline's own ms per step stays the full run's, when there was one)
+        only = _only(args.arms, parser)
+        new["overhead"] = overhead(min(lrs), only)
+        if only and "baseline" in results.get("overhead", {}):
+            new["overhead"] = results["overhead"] | {k: v for k, v in new["overhead"].items() if k != "baseline"}
         new["overhead_setting"] = {"lr": min(lrs), "steps": OVERHEAD_STEPS, "rounds": OVERHEAD_ROUNDS, "threads": 1}
     elif args.part == "maxlr":
         preventions = shipped_preventions(results)
@@ -378,10 +435,7 @@ def main() -> None:
                                         "stable_below": STABLE_BELOW, "preventions": preventions}  # fmt: skip
     else:
         lrs = [float(x) for x in args.lrs.split(",")]
-        only = [a.strip() for a in args.arms.split(",") if a.strip()] or None
-        unknown = sorted(set(only or []) - set(ARMS))
-        if unknown:
-            parser.error(f"--arms: unknown arm(s) {', '.join(unknown)}; choose from {', '.join(ARMS)}")
+        only = _only(args.arms, parser)
         new["arms"] = arms(args.workers, lrs, list(range(args.seeds)), only, results.get("overhead"))
         new["arms_setting"] = {"base": REGIME, "lrs": lrs, "seeds": args.seeds}
         shipped = {"source": "benchmarks/kss_regime.py arms", "setting": new["arms_setting"],

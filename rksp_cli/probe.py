@@ -28,6 +28,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Protocol
 
 import torch
@@ -83,6 +84,7 @@ class ProbeResult:
     accuracy: float = math.nan  # final next-token accuracy on a held-out batch; NaN for a diverged run
     trajectory: list[dict[str, float]] = field(default_factory=list)  # training.track_every: spectra over steps
     alerts: list[Any] = field(default_factory=list)  # what ``watch`` raised, in step order
+    actions: list[dict[str, Any]] = field(default_factory=list)  # what a ``training.guard`` did, in step order
 
     def row(self) -> dict[str, Any]:
         """A flat record: config.*, feature.*, baseline.*, the label and its provenance."""
@@ -100,6 +102,7 @@ class ProbeResult:
             final_loss=self.losses[-1] if self.losses else math.nan,
             final_accuracy=self.accuracy,
             trajectory=json.dumps(self.trajectory) if self.trajectory else None,
+            guard_actions=json.dumps(self.actions) if self.actions else None,
             label_reason=self.reason,
             screen_error=self.screen_error,
             probe_seconds=self.seconds,
@@ -125,10 +128,15 @@ def probe(
     ``budget`` (default: the machine's available memory) refuses a model that cannot fit before it is built.
     ``watch`` builds, from the initialised model, its optimizer and lr schedule, something that sees
     every step after backward (before clipping), e.g. ``lambda model, *_: Monitor(model, every=10)``;
-    its alerts land in ``alerts``.
+    its alerts land in ``alerts``. ``training.guard`` builds a ``Guard`` as the watch (the two are
+    exclusive), and what it did lands in ``actions``.
     """
     if spec.model.arch != "gpt":
         raise InputError("rksp probe trains the built-in gpt (model.arch: gpt); transformers models are screened only")
+    if spec.training.guard is not None:
+        if watch is not None:
+            raise ValueError("training.guard builds the probe's watch; pass a watch or set training.guard, not both")
+        watch = partial(_guard, spec.training.guard, spec.training.guard_every)
     t0 = time.perf_counter()
     budget = budget or Budget()
 
@@ -192,6 +200,7 @@ def probe(
     for hooked in (kss, watcher):
         if hooked is not None:
             hooked.remove()
+    actions = list(getattr(watcher, "actions", []))
     accuracy = math.nan if diverged_step is not None else task_accuracy(model, task)
     return ProbeResult(
         spec=spec,
@@ -208,7 +217,20 @@ def probe(
         accuracy=accuracy,
         trajectory=trajectory,
         alerts=alerts,
+        actions=actions,
     )
+
+
+def _guard(
+    policy: str,
+    every: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    schedule: torch.optim.lr_scheduler.LRScheduler,
+) -> Watch:
+    from rksp_cli.monitors.guard import Guard  # the monitors load only for a guarded probe
+
+    return Guard(model, optimizer, policy, scheduler=schedule, every=every)
 
 
 def _spectra_now(

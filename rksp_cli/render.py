@@ -183,10 +183,21 @@ def render_probe(result: ProbeResult, console: Console) -> None:
     else:
         screen = f"not assessable: {result.screen_error}"
     table.add_row("init screen", screen)
+    if result.spec.training.guard is not None:
+        table.add_row("guard", _guard_summary(result))
     table.add_row("time", f"{result.seconds:.1f} s")
     console.print(
         Panel(table, title=f"probe · {result.spec.training.task}", border_style=style.split()[-1], expand=False)
     )
+
+
+def _guard_summary(result: ProbeResult) -> str:
+    acts = result.actions
+    if not acts:
+        return f"{result.spec.training.guard}: no alarm, nothing done"
+    steps = ", ".join(str(a["step"]) for a in acts[:5]) + (" ..." if len(acts) > 5 else "")
+    by = sorted({m for a in acts for m in a["by"]})
+    return f"{len(acts)} actions at steps {steps} (by {', '.join(by)}); lr x{acts[-1]['lr_scale']:g} at the end"
 
 
 def render_sweep(frame: pd.DataFrame, path: Path, console: Console, top: int = 10) -> None:

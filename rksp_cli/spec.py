@@ -44,6 +44,8 @@ ADDED_LATER = {
     ("training", "z_loss"): 0.0,
     ("training", "kss_variant"): "paper",
     ("training", "track_every"): 0,
+    ("training", "guard"): None,
+    ("training", "guard_every"): 50,
 }
 
 
@@ -129,6 +131,10 @@ class TrainingSpec(_Section):
     kss_variant: Literal["paper", "growth"] = "paper"  # rksp probe: the published KSS, or its operator-norm form
     z_loss: Annotated[float, Field(ge=0)] = 0.0  # rksp probe: PaLM's z-loss weight on log(Z)^2 (1e-4 there); 0 = off
     track_every: Annotated[int, Field(ge=0)] = 0  # rksp probe: screen the spectra every N steps of training; 0 = off
+    # rksp probe: act on every rksp monitor's alarms (skip the step, back off the lr or roll back;
+    # rksp_cli/monitors/guard.py), the monitors checking every ``guard_every`` steps; None = off
+    guard: Literal["skip", "backoff", "rollback"] | None = None
+    guard_every: Annotated[int, Field(ge=1)] = 50
 
     @field_validator("task")
     @classmethod

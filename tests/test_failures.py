@@ -15,6 +15,7 @@ from rksp_cli.monitors.failures import MIN_PROGRESS, WINDOW, WatchedRun, head_to
 from rksp_cli.monitors.output_logits import OutputLogits
 from rksp_cli.probe import probe
 from rksp_cli.spec import spec_from_dict
+from tests.fakes import AlarmsAt
 
 
 def test_max_logit_is_the_largest_scaled_dot_product_over_heads_and_pairs():
@@ -126,21 +127,6 @@ def test_head_to_head_counts_leads_before_the_failure_and_false_alarms_on_contro
     assert not megatron["rksp"] and megatron["alarmed"] == 2 and megatron["median_lead_steps"] == 0
 
 
-class _Alarms:
-    """Stands in for a Monitor: an alarm on the given steps."""
-
-    every, names, seconds = 5, ["fake"], {"fake": 0.0}
-
-    def __init__(self, steps):
-        self.steps = set(steps)
-
-    def step(self, step, loss=None):
-        return [Alert(step, "fake", None, 1.0, 0.5, "alarm", "test")] if step in self.steps else []
-
-    def remove(self):
-        """No hooks to detach."""
-
-
 def _guarded(policy: str, alarms: list[int], steps: int = 30, **kwargs):
     from rksp_cli.monitors.guard import Guard
 
@@ -148,7 +134,7 @@ def _guarded(policy: str, alarms: list[int], steps: int = 30, **kwargs):
     model = torch.nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
-    guard = Guard(model, optimizer, policy, scheduler, monitor=_Alarms(alarms), **kwargs)
+    guard = Guard(model, optimizer, policy, scheduler, monitor=AlarmsAt(alarms), **kwargs)
     history, data = [], torch.Generator().manual_seed(1)
     for step in range(steps):
         loss = (model(torch.randn(8, 4, generator=data)) - 1).square().mean()

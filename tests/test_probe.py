@@ -1,13 +1,17 @@
 """Probe tasks and the labelled training runs."""
 
+import json
 import math
 
 import pytest
 import torch
+from rich.console import Console
 
 from rksp_cli.probe import baselines, probe
+from rksp_cli.render import render_probe
 from rksp_cli.spec import spec_from_dict
 from rksp_cli.tasks import AssociativeRecall, SyntheticLM, make_task
+from tests.fakes import AlarmsAt
 
 
 def _spec(model=None, training=None):
@@ -159,3 +163,37 @@ def test_tracking_the_spectra_reads_the_model_without_changing_its_training(kss)
     assert plain.row()["trajectory"] is None
     off = _spec(model={"norm": "none"}, training={**training, "track_every": 0})
     assert off.key() == plain.spec.key()  # off, the field stays out of the key (older journals resume)
+
+
+def test_training_guard_backs_off_the_probe_s_lr_on_each_alarm_and_records_it(monkeypatch):
+    import rksp_cli.monitors.guard as guard
+
+    monkeypatch.setattr(guard, "Monitor", lambda model, every: AlarmsAt([3, 5], every))
+    spec = _spec(training={"lr": 1e-3, "steps": 8, "guard": "backoff", "guard_every": 1})
+    result = probe(spec)
+    assert [(a["step"], a["action"], a["lr_scale"]) for a in result.actions] == [
+        (3, "backoff", 0.5),
+        (5, "backoff", 0.25),
+    ]
+    assert json.loads(result.row()["guard_actions"]) == result.actions
+    unguarded = probe(_spec(training={"lr": 1e-3, "steps": 8}))
+    # the first four updates are the same; after the back-offs the runs part
+    assert result.losses[:4] == unguarded.losses[:4] and result.losses[-1] != unguarded.losses[-1]
+    assert unguarded.actions == [] and unguarded.row()["guard_actions"] is None
+    console = Console(width=80, record=True)
+    render_probe(result, console)
+    words = " ".join(w for w in console.export_text().split() if w != "│")  # the panel's border wraps lines
+    assert "2 actions at steps 3, 5 (by fake); lr x0.25 at the end" in words
+
+
+def test_training_guard_and_a_watch_are_exclusive():
+    spec = _spec(training={"steps": 2, "guard": "skip"})
+    with pytest.raises(ValueError, match=r"training\.guard"):
+        probe(spec, watch=lambda model, *_: None)
+
+
+def test_an_unguarded_config_keeps_its_run_key():
+    """Runs probed before training.guard existed are found again by a resumed sweep."""
+    plain = _spec(training={"lr": 1e-3})
+    assert plain.key() == _spec(training={"lr": 1e-3, "guard": None, "guard_every": 50}).key()
+    assert plain.key() != _spec(training={"lr": 1e-3, "guard": "backoff"}).key()

@@ -119,7 +119,8 @@ class Guard:
         self._record(step, "backoff", f"lr x{self.scale:g} of the original", alarms)
 
     def _record(self, step: int, action: str, what: str, alarms: list[Alert]) -> None:
-        self.actions.append({"step": step, "action": action, "what": what, "by": sorted({a.monitor for a in alarms})})
+        by = sorted({a.monitor for a in alarms})
+        self.actions.append({"step": step, "action": action, "what": what, "by": by, "lr_scale": self.scale})
 
     def remove(self) -> None:
         self.monitor.remove()
