@@ -19,7 +19,8 @@ KSS alpha 0.015 on every step (the published alpha's total over 10 steps, spread
 hypothesis of the first pass: that KSS every 10 steps fails as a periodic kick. The last arm is
 issue 15's "lr back-off driven by the spectra": every rksp monitor checks every 10 steps and each
 alarm halves the lr (``training.guard: backoff``); its rows also say how many runs it acted on,
-when it first did and how far it cut the lr.
+when it first did and how far it cut the lr, and it runs again on controls, 4 seeds at lr 0.003
+where the baseline trained: a screen recommends it only if it acted on none of them.
 
 ``overhead``: every arm's time per step measured in one process, 1 thread, each arm between two
 baseline runs (30 training steps each at the arms' lowest lr, inside warmup, 3 rounds; about 20

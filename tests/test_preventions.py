@@ -46,3 +46,13 @@ def test_advice_names_the_measured_effect_or_says_nothing_was_shown():
     assert "no prevention has been measured for models with norm 'pre'" in advice("pre", MEASURED)
     assert "models of this architecture" in advice(None, MEASURED)
     assert advice("none", {}).startswith("lower the learning rate")
+
+
+def test_an_alarm_driven_arm_passes_only_if_it_left_the_clean_runs_alone():
+    guard = {"changes": {"training.guard": "backoff"}}
+    rows = [_arm("baseline", 14), _arm("back-off", 0, p=1e-8) | guard]
+    assert helpful(rows) == []  # its controls were never measured
+    touched = rows[1] | {"controls": {"runs": 4, "diverged": 0, "guard_acted": 3}}
+    assert helpful([rows[0], touched]) == []  # it cut the lr of runs that needed no help
+    untouched = rows[1] | {"controls": {"runs": 4, "diverged": 0, "guard_acted": 0}}
+    assert [r["arm"] for r in helpful([rows[0], untouched])] == ["back-off"]

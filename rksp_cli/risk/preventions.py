@@ -5,9 +5,11 @@ family, every arm's divergences against the baseline's in the same slow-divergen
 Fisher's exact p. A screen recommends an arm for a model of that family only when it diverged at
 most half as often as the baseline with p < 0.05, no more than 12% extra time per step and a
 final accuracy no worse than the baseline's beyond noise (the issue's bar), and it names the
-measured effect. Where nothing passed, or nothing was measured for the family, it says so and
-recommends the one remedy that always holds: a lower learning rate. No prevention is
-recommended on belief, KSS included.
+measured effect. An arm that acts on alarms (``training.guard``) must also have left alone every
+control, a run at an lr where the baseline trained (issue 16's "no change to clean runs"): a
+guard that fires on healthy runs too lowers everyone's lr, which is not a prevention. Where
+nothing passed, or nothing was measured for the family, it says so and recommends the one remedy
+that always holds: a lower learning rate. No prevention is recommended on belief, KSS included.
 """
 
 from __future__ import annotations
@@ -38,8 +40,18 @@ def helpful(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         and r["fisher_p"] < MAX_P
         and r["time_ratio"] <= MAX_TIME
         and _accuracy_no_worse(r, base)
+        and _clean_runs_untouched(r)
     ]
     return sorted(passed, key=lambda r: (r["diverged"] / r["runs"], r["fisher_p"]))
+
+
+def _clean_runs_untouched(arm: dict[str, Any]) -> bool:
+    """True for an arm that does not act on alarms; for one that does, its controls were measured
+    and it acted on none of them."""
+    if "training.guard" not in arm.get("changes", {}):
+        return True
+    controls = arm.get("controls")
+    return controls is not None and controls.get("guard_acted", 0) == 0
 
 
 def _accuracy_no_worse(arm: dict[str, Any], base: dict[str, Any]) -> bool:
