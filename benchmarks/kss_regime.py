@@ -252,6 +252,7 @@ def overhead(lr: float, only: list[str] | None = None) -> dict[str, dict[str, fl
     others = [arm for arm in only or ARMS if arm != "baseline"]
     times: dict[str, list[float]] = {arm: [] for arm in ARMS}
     ratios: dict[str, list[float]] = {arm: [] for arm in others}
+    beside: dict[str, list[float]] = {arm: [] for arm in others}  # the baselines each arm was timed against
     for round_ in range(OVERHEAD_ROUNDS):
         before = ms_per_step("baseline")
         times["baseline"].append(before)
@@ -260,12 +261,14 @@ def overhead(lr: float, only: list[str] | None = None) -> dict[str, dict[str, fl
             times[arm].append(ms)
             times["baseline"].append(after)
             ratios[arm].append(ms / ((before + after) / 2))
+            beside[arm].append((before + after) / 2)
             print(f"overhead round {round_ + 1}/{OVERHEAD_ROUNDS}: {arm} {ms:.0f} ms/step, {ratios[arm][-1]:.2f}x")
             before = after
     out = {"baseline": {"ms_per_step": median(times["baseline"]), "ratio": 1.0, "ratio_min": 1.0, "ratio_max": 1.0}}
     for arm in others:
-        out[arm] = {"ms_per_step": median(times[arm]), "ratio": median(ratios[arm]),
-                    "ratio_min": min(ratios[arm]), "ratio_max": max(ratios[arm])}  # fmt: skip
+        out[arm] = {"ms_per_step": median(times[arm]), "baseline_ms_per_step": median(beside[arm]),
+                    "ratio": median(ratios[arm]), "ratio_min": min(ratios[arm]),
+                    "ratio_max": max(ratios[arm])}  # fmt: skip
     return out
 
 
@@ -386,10 +389,12 @@ def markdown(results: dict[str, Any]) -> str:
                              f"at the end (median), {c['diverged']} diverged")  # fmt: skip
         lines.append("")
     if "overhead" in results:
-        lines += ["| arm | ms per step (1 thread) | ratio to baseline (range over rounds) |", "|---|---|---|"]
+        lines += ["| arm | ms per step (1 thread) | baselines beside it | ratio to baseline (range over rounds) |"]
+        lines += ["|---|---|---|---|"]
         for arm, r in results["overhead"].items():
             spread = f"{r['ratio_min']:.2f}-{r['ratio_max']:.2f}"
-            lines.append(f"| {arm} | {r['ms_per_step']:.0f} | {r['ratio']:.2f}x ({spread}) |")
+            base = f(r.get("baseline_ms_per_step"), ".0f")
+            lines.append(f"| {arm} | {r['ms_per_step']:.0f} | {base} | {r['ratio']:.2f}x ({spread}) |")
     return "\n".join(lines)
 
 
