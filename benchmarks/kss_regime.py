@@ -22,6 +22,10 @@ alarm halves the lr (``training.guard: backoff``); its rows also say how many ru
 when it first did and how far it cut the lr, and it runs again on controls, 4 seeds at lr 0.003
 where the baseline trained: a screen recommends it only if it acted on none of them.
 
+``arms --rerun TAG`` runs the baseline again into arms/baseline@TAG.parquet (on another machine:
+two CPUs round differently, and at this edge that changes which runs diverge) and gives every
+arm's Fisher p against it too.
+
 ``overhead``: every arm's time per step measured in one process, 1 thread, each arm between two
 baseline runs (30 training steps each at the arms' lowest lr, inside warmup, 3 rounds; about 20
 minutes): per arm the median over rounds of its ratio to the mean of its two neighbouring
@@ -179,13 +183,23 @@ def regime(workers: int) -> list[dict[str, Any]]:
 
 
 def arms(
-    workers: int, lrs: list[float], seeds: list[int], only: list[str] | None = None, timing: dict | None = None
+    workers: int,
+    lrs: list[float],
+    seeds: list[int],
+    only: list[str] | None = None,
+    timing: dict | None = None,
+    rerun: str | None = None,
 ) -> list[dict[str, Any]]:
     """Each arm is its own sweep, exported to benchmarks/results/kss/arms/<arm>.parquet (tracked) when
     it completes, so an interrupted benchmark loses at most the arm in progress. Rows come from every
     completed arm on disk with this setting, not only those run now; ``only`` runs a subset.
-    ``timing``: ``overhead``'s results, the source of each arm's time ratio where it has one."""
-    for arm in only or ARMS:
+    ``timing``: ``overhead``'s results, the source of each arm's time ratio where it has one.
+    ``rerun``: run the baseline again, the same points, into arms/baseline@<rerun>.parquet (e.g. on
+    another machine: two CPUs round differently, and at this edge that changes which runs diverge);
+    every arm's row then also gets its Fisher p against each such re-run (``fisher_p_reruns``)."""
+    if rerun is not None:
+        _run([_point(lr, s, {}) for lr in lrs for s in seeds], f"arms/baseline@{rerun}", workers)
+    for arm in [] if rerun is not None else only or ARMS:
         _run([_point(lr, s, ARMS[arm]) for lr in lrs for s in seeds], f"arms/{_slug(arm)}", workers)
         if "training.guard" in ARMS[arm]:
             _run(_controls(ARMS[arm]), f"arms/{_slug(arm)}_controls", workers)
@@ -203,14 +217,29 @@ def arms(
     if not rows or rows[0]["arm"] != "baseline":
         raise SystemExit("the baseline arm has not been run at this setting; run it first (--arms baseline)")
     base = rows[0]
+    keys = {_point(lr, s, {}).key for lr in lrs for s in seeds}
+    reruns = {}
+    for path in sorted((HERE / "kss" / "arms").glob("baseline@*.parquet")):
+        again = pd.read_parquet(path)
+        if keys <= set(again["key"]):
+            reruns[path.stem.split("@", 1)[1]] = _summary(again[again["key"].isin(keys)])
     for row in rows:
-        table = [[row["diverged"], row["runs"] - row["diverged"]], [base["diverged"], base["runs"] - base["diverged"]]]
-        row["fisher_p"] = float(fisher_exact(table)[1])
+        row["fisher_p"] = _fisher(row, base)
+        if reruns:
+            row["fisher_p_reruns"] = {tag: _fisher(row, again) for tag, again in reruns.items()}
         if timing and row["arm"] in timing:
             row["time_ratio"], row["time_source"] = timing[row["arm"]]["ratio"], OVERHEAD
         else:
             row["time_ratio"], row["time_source"] = row["ms_per_step"] / base["ms_per_step"], "arm runs"
+    if reruns:
+        base["reruns"] = reruns
     return rows
+
+
+def _fisher(arm: dict[str, Any], base: dict[str, Any]) -> float:
+    """Fisher's exact p (two-sided) of the arm's divergences against the baseline's."""
+    table = [[arm["diverged"], arm["runs"] - arm["diverged"]], [base["diverged"], base["runs"] - base["diverged"]]]
+    return float(fisher_exact(table)[1])
 
 
 # An arm "learned" the recall task when its trained runs recall at least this multiple of chance
@@ -382,6 +411,10 @@ def markdown(results: dict[str, Any]) -> str:
                 lines.append(f"\n{r['arm']}: acted on {r['guard_acted']}/{r['runs']} runs, first at step "
                              f"{f(r['guard_first_step'], '.0f')} (median), lr x{f(r['guard_lr_scale'], 'g')} "
                              "at the end (median)")  # fmt: skip
+            for tag, again in r.get("reruns", {}).items():
+                lines.append(f"\n{r['arm']} re-run as @{tag}: {again['diverged']}/{again['runs']} diverged; "
+                             "every arm against it, Fisher p: " + ", ".join(
+                                 f"{a['arm']} {a['fisher_p_reruns'][tag]:.2g}" for a in results["arms"]))  # fmt: skip
             if "controls" in r:
                 c = r["controls"]
                 lines.append(f"{r['arm']} at lr {c['lr']:g}, where the baseline trained: acted on "
@@ -417,6 +450,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--lrs", default="0.0035,0.004,0.0045", help="arms: lrs (comma-separated)")
     parser.add_argument("--seeds", type=int, default=8, help="arms: seeds per lr")
+    parser.add_argument("--rerun", default=None, help="arms: run the baseline again under this tag (another machine)")
     parser.add_argument("--arms", default="", help=f"arms, overhead: a subset, comma-separated ({', '.join(ARMS)})")
     args = parser.parse_args()
     results = _results()
@@ -442,7 +476,7 @@ def main() -> None:
     else:
         lrs = [float(x) for x in args.lrs.split(",")]
         only = _only(args.arms, parser)
-        new["arms"] = arms(args.workers, lrs, list(range(args.seeds)), only, results.get("overhead"))
+        new["arms"] = arms(args.workers, lrs, list(range(args.seeds)), only, results.get("overhead"), args.rerun)
         new["arms_setting"] = {"base": REGIME, "lrs": lrs, "seeds": args.seeds}
         shipped = {"source": "benchmarks/kss_regime.py arms", "setting": new["arms_setting"],
                    "families": {REGIME["model"]["norm"]: new["arms"]}}  # fmt: skip
