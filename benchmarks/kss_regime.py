@@ -54,6 +54,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 from pathlib import Path
 from statistics import median
 from typing import Any
@@ -92,7 +93,7 @@ ARMS: dict[str, dict[str, Any]] = {  # in the order they run: the likeliest to h
     "KSS alpha 0.015 every step": {"training.kss_alpha": 0.015, "training.kss_every": 1},
     # issue 15's "lr back-off driven by the spectra": every rksp monitor (spectral alignment among
     # them) checks every 10 steps and each alarm halves the lr (Guard); at the default 50 steps none
-    # alarmed before these runs diverged (seeds 0-2 at lr 0.004)
+    # alarmed at all in 1000 steps (seeds 0-2 at lr 0.004, one diverging at step 415)
     "monitor back-off": {"training.guard": "backoff", "training.guard_every": 10},
 }
 
@@ -453,6 +454,8 @@ def main() -> None:
     parser.add_argument("--rerun", default=None, help="arms: run the baseline again under this tag (another machine)")
     parser.add_argument("--arms", default="", help=f"arms, overhead: a subset, comma-separated ({', '.join(ARMS)})")
     args = parser.parse_args()
+    if args.rerun is not None and not re.fullmatch(r"[A-Za-z0-9_-]+", args.rerun):
+        parser.error(f"--rerun: a tag of letters, digits, '-' and '_' (it names a file), got {args.rerun!r}")
     results = _results()
     new: dict[str, Any] = {}
     if args.part == "regime":
