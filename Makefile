@@ -55,7 +55,8 @@ bench-kss: install
 
 # Issue 15: KSS and the usual fixes where divergence develops slowly; `regime` first (20 runs of
 # up to 1000 steps, about 30 minutes on 2 cores), `overhead` (every arm's time per step, interleaved
-# in one process, about 20 minutes), `arms` (13 arms x 24 runs, about 7.5 hours), `maxlr`
+# in one process, about 20 minutes), `arms` (13 arms x 24 runs, about 7.5 hours), `learning`
+# (the baseline and each arm that passed, 3000 steps at a stable lr, 2 seeds: about 35 minutes), `maxlr`
 # (max stable lr of 3 norms without and with each prevention that passed, bisection over levels
 # of 4 runs, about 2.5 hours per prevention), then `mechanism` (8 runs with the spectra tracked,
 # about 20 minutes).
@@ -64,6 +65,7 @@ bench-kss-regime: install
 	$(BIN)/python benchmarks/kss_regime.py regime
 	$(BIN)/python benchmarks/kss_regime.py overhead
 	$(BIN)/python benchmarks/kss_regime.py arms
+	$(BIN)/python benchmarks/kss_regime.py learning
 	$(BIN)/python benchmarks/kss_regime.py maxlr
 	$(BIN)/python benchmarks/kss_regime.py mechanism
 

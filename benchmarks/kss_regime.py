@@ -26,6 +26,11 @@ where the baseline trained: a screen recommends it only if it acted on none of t
 two CPUs round differently, and at this edge that changes which runs diverge) and gives every
 arm's Fisher p against it too.
 
+``learning``: nothing learns the task in the arms' 1000 steps, so "final accuracy no worse" cannot
+separate them there. The baseline and each arm that passed the divergence bar run at lr 0.003,
+where the baseline does not diverge, for 3000 steps, 2 seeds; an arm that learns less than the
+baseline there (beyond 2 standard errors) is not shipped.
+
 ``overhead``: every arm's time per step measured in one process, 1 thread, each arm between two
 baseline runs (30 training steps each at the arms' lowest lr, inside warmup, 3 rounds; about 20
 minutes): per arm the median over rounds of its ratio to the mean of its two neighbouring
@@ -46,7 +51,7 @@ resumes; each completed arm is kept as benchmarks/results/kss/arms/<arm>.parquet
 cover the arms completed so far). Writes benchmarks/results/kss.json and prints Markdown; ``arms`` also writes
 rksp_cli/preventions.json, from which ``rksp screen`` recommends a prevention for a model of the
 regime's normalisation only when it measurably helped (``rksp_cli.risk.preventions``).
-Run: python benchmarks/kss_regime.py [regime|arms|overhead|maxlr|mechanism] (make bench-kss-regime)
+Run: python benchmarks/kss_regime.py [regime|arms|overhead|learning|maxlr|mechanism] (make bench-kss-regime)
 """
 
 from __future__ import annotations
@@ -255,6 +260,14 @@ def unlearned(rows: list[dict[str, Any]]) -> str | None:
     best = max((r["final_accuracy"] for r in rows if r["final_accuracy"] is not None), default=0.0)
     if best >= LEARNED_OVER_CHANCE * chance:
         return None
+    learned = [r for r in rows if "learning" in r]
+    if learned:  # the learning check compared what the passing arms learn, on few seeds
+        check = learned[0]["learning"]
+        return (
+            f"no arm learned the benchmark's task in {REGIME['training']['steps']} steps (final accuracy at most "
+            f"{best:.3f}, chance {chance:.3f}); what the arms that passed learn was compared over "
+            f"{check['steps']} steps at lr {check['lr']:g} on {check['runs']} seeds only"
+        )
     return (
         f"no arm learned the benchmark's task in {REGIME['training']['steps']} steps (final accuracy at most "
         f"{best:.3f}, chance {chance:.3f}), so the arms are compared on divergence, not on what a run learns"
@@ -357,6 +370,40 @@ def _slug(arm: str) -> str:
     return arm.replace(" ", "_").replace(".", "")
 
 
+# Nothing learns the recall task in the arms' 1000 steps; at the regime's stable lr the baseline
+# starts to by 3000 (accuracy 0.05-0.08 on seeds 0-1, chance 0.008). Two seeds: 8 runs of about
+# 8 minutes for the baseline and three preventions, the most this check could afford.
+LEARNING_STEPS, LEARNING_SEEDS = 3000, range(2)
+
+
+def learning(workers: int, candidates: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Does a prevention cost learning? The baseline and each of ``candidates`` (the arms that passed
+    the divergence bar) at lr 0.003, where the baseline does not diverge, for LEARNING_STEPS steps:
+    per arm, the final accuracy (mean, standard error) that ``preventions.helpful`` holds against
+    the baseline's, as it does the arms' own."""
+    arms = [("baseline", {}), *((c["arm"], c["changes"]) for c in candidates)]
+    points = {arm: [_point(REGIME_LRS[0], s, {**changes, "training.steps": LEARNING_STEPS}) for s in LEARNING_SEEDS]
+              for arm, changes in arms}  # fmt: skip
+    frame = _run([p for ps in points.values() for p in ps], "learning", workers)
+    setting = {"lr": REGIME_LRS[0], "steps": LEARNING_STEPS}
+    return {arm: setting | _summary(frame[frame["key"].isin({p.key for p in ps})]) for arm, ps in points.items()}
+
+
+def _with_learning(rows: list[dict[str, Any]], learned: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r | ({"learning": learned[r["arm"]]} if r["arm"] in learned else {}) for r in rows]
+
+
+def _ship(rows: list[dict[str, Any]], setting: dict[str, Any]) -> str | None:
+    """Write rksp_cli/preventions.json, what the screen recommends from; returns the caveat it carries."""
+    shipped = {"source": "benchmarks/kss_regime.py arms", "setting": setting,
+               "families": {REGIME["model"]["norm"]: rows}}  # fmt: skip
+    if caveat := unlearned(rows):
+        shipped["caveat"] = caveat
+    with atomic_path(PREVENTIONS) as tmp:
+        tmp.write_text(json.dumps(shipped, indent=1))
+    return caveat
+
+
 def mechanism(workers: int) -> list[dict[str, Any]]:
     arms = {"baseline": {}, "KSS alpha 0.15": {"training.kss_alpha": 0.15}}
     points = {(arm, s): _point(0.004, s, {**changes, "training.track_every": 50}) for arm, changes in arms.items()
@@ -447,7 +494,7 @@ def _only(names: str, parser: argparse.ArgumentParser) -> list[str] | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("part", choices=["regime", "arms", "overhead", "maxlr", "mechanism"])
+    parser.add_argument("part", choices=["regime", "arms", "overhead", "learning", "maxlr", "mechanism"])
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--lrs", default="0.0035,0.004,0.0045", help="arms: lrs (comma-separated)")
     parser.add_argument("--seeds", type=int, default=8, help="arms: seeds per lr")
@@ -471,6 +518,14 @@ def main() -> None:
         if only and "baseline" in results.get("overhead", {}):
             new["overhead"] = results["overhead"] | {k: v for k, v in new["overhead"].items() if k != "baseline"}
         new["overhead_setting"] = {"lr": min(lrs), "steps": OVERHEAD_STEPS, "rounds": OVERHEAD_ROUNDS, "threads": 1}
+    elif args.part == "learning":
+        if "arms" not in results:
+            raise SystemExit("run `arms` first: the learning check is of the arms that passed")
+        rows = [{k: v for k, v in r.items() if k != "learning"} for r in results["arms"]]
+        candidates = [{"arm": r["arm"], "changes": ARMS[r["arm"]]} for r in helpful(rows)]
+        new["learning"] = learning(args.workers, candidates)
+        new["arms"] = _with_learning(rows, new["learning"])
+        new["arms_caveat"] = _ship(new["arms"], results["arms_setting"])
     elif args.part == "maxlr":
         preventions = shipped_preventions(results)
         new["max_stable_lr"] = max_stable_lr(args.workers, preventions)
@@ -479,14 +534,10 @@ def main() -> None:
     else:
         lrs = [float(x) for x in args.lrs.split(",")]
         only = _only(args.arms, parser)
-        new["arms"] = arms(args.workers, lrs, list(range(args.seeds)), only, results.get("overhead"), args.rerun)
+        rows = arms(args.workers, lrs, list(range(args.seeds)), only, results.get("overhead"), args.rerun)
+        new["arms"] = _with_learning(rows, results.get("learning", {}))
         new["arms_setting"] = {"base": REGIME, "lrs": lrs, "seeds": args.seeds}
-        shipped = {"source": "benchmarks/kss_regime.py arms", "setting": new["arms_setting"],
-                   "families": {REGIME["model"]["norm"]: new["arms"]}}  # fmt: skip
-        if caveat := unlearned(new["arms"]):
-            shipped["caveat"] = new["arms_caveat"] = caveat
-        with atomic_path(PREVENTIONS) as tmp:
-            tmp.write_text(json.dumps(shipped, indent=1))
+        new["arms_caveat"] = _ship(new["arms"], new["arms_setting"])
     results = _results() | new  # re-read: another part may have written its keys while this one ran
     with atomic_path(RESULTS) as tmp:
         tmp.write_text(json.dumps(results, indent=1))

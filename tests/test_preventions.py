@@ -56,3 +56,15 @@ def test_an_alarm_driven_arm_passes_only_if_it_left_the_clean_runs_alone():
     assert helpful([rows[0], touched]) == []  # it cut the lr of runs that needed no help
     untouched = rows[1] | {"controls": {"runs": 4, "diverged": 0, "guard_acted": 0}}
     assert [r["arm"] for r in helpful([rows[0], untouched])] == ["back-off"]
+
+
+def test_an_arm_that_learns_less_over_the_longer_check_does_not_pass():
+    def learned(accuracy, se):
+        return {"learning": {"final_accuracy": accuracy, "final_accuracy_se": se}}
+
+    base = _arm("baseline", 19) | learned(0.064, 0.018)
+    slow = _arm("sigmaReparam", 0, p=1e-8) | learned(0.008, 0.008)  # 0.056 below, 2 SE of the difference 0.039
+    fine = _arm("clip 1.0", 3, p=1e-5) | learned(0.05, 0.02)
+    unchecked = _arm("clip 0.5", 4, p=1e-4)  # no learning check: judged on the arms' own runs
+    assert [r["arm"] for r in helpful([base, slow, fine, unchecked])] == ["clip 1.0", "clip 0.5"]
+    assert [r["arm"] for r in helpful([_arm("baseline", 19), slow])] == ["sigmaReparam"]  # baseline unchecked
