@@ -9,9 +9,9 @@ measured effect. An arm that acts on alarms (``training.guard``) must also have 
 control, a run at an lr where the baseline trained (issue 16's "no change to clean runs"): a
 guard that fires on healthy runs too lowers everyone's lr, which is not a prevention. Where the
 benchmark also checked learning over a longer horizon (``learning``: the arms' runs are too short
-to learn the task), an arm must learn no worse than the baseline there too. Where
-nothing passed, or nothing was measured for the family, it says so and recommends the one remedy
-that always holds: a lower learning rate. No prevention is recommended on belief, KSS included.
+to learn the task), an arm must learn no worse than the baseline there too. Where nothing
+passed, or nothing was measured for the family, it says so and recommends the one remedy that
+always holds: a lower learning rate. No prevention is recommended on belief, KSS included.
 """
 
 from __future__ import annotations
@@ -42,10 +42,17 @@ def helpful(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         and r["fisher_p"] < MAX_P
         and r["time_ratio"] <= MAX_TIME
         and _accuracy_no_worse(r, base)
-        and ("learning" not in r or "learning" not in base or _accuracy_no_worse(r["learning"], base["learning"]))
+        and _learns_no_worse(r, base)
         and _clean_runs_untouched(r)
     ]
     return sorted(passed, key=lambda r: (r["diverged"] / r["runs"], r["fisher_p"]))
+
+
+def _learns_no_worse(arm: dict[str, Any], base: dict[str, Any]) -> bool:
+    """The longer learning check, where both were measured in it; True where either was not."""
+    if "learning" not in arm or "learning" not in base:
+        return True
+    return _accuracy_no_worse(arm["learning"], base["learning"])
 
 
 def _clean_runs_untouched(arm: dict[str, Any]) -> bool:
