@@ -48,8 +48,8 @@ the near-unit mass (the paper: 0.85 -> 0.58), and does the movement come before 
 
 Every probe runs through the sweep machinery (journals under benchmarks/results/kss/, so a rerun
 resumes; each completed arm is kept as benchmarks/results/kss/arms/<arm>.parquet, and the results
-cover the arms completed so far). Writes benchmarks/results/kss.json and prints Markdown; ``arms`` also writes
-rksp_cli/preventions.json, from which ``rksp screen`` recommends a prevention for a model of the
+cover the arms completed so far). Writes benchmarks/results/kss.json and prints Markdown; ``arms`` and
+``learning`` also write rksp_cli/preventions.json, from which ``rksp screen`` recommends a prevention for a model of the
 regime's normalisation only when it measurably helped (``rksp_cli.risk.preventions``).
 Run: python benchmarks/kss_regime.py [regime|arms|overhead|learning|maxlr|mechanism] (make bench-kss-regime)
 """
@@ -203,9 +203,10 @@ def arms(
     ``rerun``: run the baseline again, the same points, into arms/baseline@<rerun>.parquet (e.g. on
     another machine: two CPUs round differently, and at this edge that changes which runs diverge);
     every arm's row then also gets its Fisher p against each such re-run (``fisher_p_reruns``)."""
-    if rerun is not None:
+    if rerun is not None:  # the baseline again, nothing else
         _run([_point(lr, s, {}) for lr in lrs for s in seeds], f"arms/baseline@{rerun}", workers)
-    for arm in [] if rerun is not None else only or ARMS:
+    to_run = [] if rerun is not None else only or list(ARMS)
+    for arm in to_run:
         _run([_point(lr, s, ARMS[arm]) for lr in lrs for s in seeds], f"arms/{_slug(arm)}", workers)
         if "training.guard" in ARMS[arm]:
             _run(_controls(ARMS[arm]), f"arms/{_slug(arm)}_controls", workers)
@@ -260,18 +261,16 @@ def unlearned(rows: list[dict[str, Any]]) -> str | None:
     best = max((r["final_accuracy"] for r in rows if r["final_accuracy"] is not None), default=0.0)
     if best >= LEARNED_OVER_CHANCE * chance:
         return None
-    learned = [r for r in rows if "learning" in r]
-    if learned:  # the learning check compared what the passing arms learn, on few seeds
-        check = learned[0]["learning"]
-        return (
-            f"no arm learned the benchmark's task in {REGIME['training']['steps']} steps (final accuracy at most "
-            f"{best:.3f}, chance {chance:.3f}); what the arms that passed learn was compared over "
-            f"{check['steps']} steps at lr {check['lr']:g} on {check['runs']} seeds only"
-        )
-    return (
+    head = (
         f"no arm learned the benchmark's task in {REGIME['training']['steps']} steps (final accuracy at most "
-        f"{best:.3f}, chance {chance:.3f}), so the arms are compared on divergence, not on what a run learns"
+        f"{best:.3f}, chance {chance:.3f})"
     )
+    checked = [r["learning"] for r in rows if "learning" in r]
+    if checked:  # the learning check compared what the passing arms learn, on few seeds
+        c = checked[0]
+        return (f"{head}; what the arms that passed learn was compared over {c['steps']} steps at lr "
+                f"{c['lr']:g} on {c['runs']} seeds only")  # fmt: skip
+    return f"{head}, so the arms are compared on divergence, not on what a run learns"
 
 
 OVERHEAD_STEPS, OVERHEAD_ROUNDS = 30, 3
@@ -395,7 +394,7 @@ def _with_learning(rows: list[dict[str, Any]], learned: dict[str, dict[str, Any]
 
 def _ship(rows: list[dict[str, Any]], setting: dict[str, Any]) -> str | None:
     """Write rksp_cli/preventions.json, what the screen recommends from; returns the caveat it carries."""
-    shipped = {"source": "benchmarks/kss_regime.py arms", "setting": setting,
+    shipped = {"source": "benchmarks/kss_regime.py arms and learning", "setting": setting,
                "families": {REGIME["model"]["norm"]: rows}}  # fmt: skip
     if caveat := unlearned(rows):
         shipped["caveat"] = caveat
@@ -522,8 +521,7 @@ def main() -> None:
         if "arms" not in results:
             raise SystemExit("run `arms` first: the learning check is of the arms that passed")
         rows = [{k: v for k, v in r.items() if k != "learning"} for r in results["arms"]]
-        candidates = [{"arm": r["arm"], "changes": ARMS[r["arm"]]} for r in helpful(rows)]
-        new["learning"] = learning(args.workers, candidates)
+        new["learning"] = learning(args.workers, shipped_preventions({"arms": rows}))  # passed without it
         new["arms"] = _with_learning(rows, new["learning"])
         new["arms_caveat"] = _ship(new["arms"], results["arms_setting"])
     elif args.part == "maxlr":
