@@ -73,8 +73,9 @@ bench-faults: install
 	$(BIN)/python benchmarks/faults.py
 
 # Issue 16: the monitors and four spike detectors on natural slow failures and their controls
-# (6 seeds each, 3000 steps), then each guard policy on the same runs: about 35 minutes in all
-# on 2 cores (96 runs of about a minute, two at a time), resumable (benchmarks/results/monitors/).
+# (6 seeds each), then each guard policy on the same runs, two runs at a time, resumable
+# (benchmarks/results/monitors/). About 4.5 hours on 2 cores: the two width-64 failures take 35
+# minutes (96 runs of about a minute), deep Post-LN about 4 hours (48 runs of up to 10 minutes).
 bench-monitors: install
 	$(BIN)/python benchmarks/monitors.py
 

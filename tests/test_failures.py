@@ -312,3 +312,15 @@ def test_watch_run_trains_a_failure_s_spec_with_its_fault_and_guard():
     assert all("attn_logit_max" in c["metrics"] for c in failing.series)
     with pytest.raises(ValueError, match="kind"):
         watch_run(failure, "clean", seed=0)
+
+
+def test_every_failure_s_control_is_the_same_run_with_one_change():
+    """A control shares the failing run's model, task and length; one field (or the fault) differs."""
+    from rksp_cli.monitors.failures import FAILURES
+
+    for failure in FAILURES.values():
+        failing, control = failure.spec("failing", 0), failure.spec("control", 0)
+        assert failing.training.steps == control.training.steps, failure.name
+        fields = failure.failing.keys() | failure.control.keys()
+        changed = {k for k in fields if failure.failing.get(k) != failure.control.get(k)}
+        assert len(changed) + bool(failure.low_precision_bits) == 1, (failure.name, changed)

@@ -56,6 +56,13 @@ BASE: dict[str, Any] = {  # small enough for thousands of CPU steps (about 20 ms
     "training": {"task": "synthetic_lm", "warmup_steps": 100, "batch_size": 16, "steps": 3000, "weight_decay": 0.0},
     "probe": {"tokens": 256},
 }
+# Deep Post-LN: 12 blocks at width 128, 2x BASE's width and 6x its depth (about 85 ms a step on two
+# threads). At width 64 Post-LN either trains or never leaves chance; at 128, lr 0.003, without
+# warmup, it learns for thousands of steps and then fails. Its control is Pre-LN, Xiong et al.'s
+# comparison, not a warmup: a 1000-step warmup did not save it (3 of 3 runs failed, steps 3013-4030).
+POST_LN = {
+    "model.d_model": 128, "model.n_layers": 12, "training.lr": 0.003, "training.warmup_steps": 0, "training.steps": 5000
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -89,6 +96,12 @@ FAILURES = {
             failing={"training.lr": 0.01},
             control={"training.lr": 0.01},
             low_precision_bits=3,
+        ),
+        Failure(
+            "post_ln_without_warmup",
+            "Xiong et al. 2020 (arXiv 2002.04745); Liu et al. 2020 (arXiv 2004.08249)",
+            failing={**POST_LN, "model.norm": "post"},
+            control={**POST_LN, "model.norm": "pre"},
         ),
     )
 }
