@@ -12,7 +12,8 @@ policy acting on the alarms. Per failure and policy: failing runs saved (failed 
 guarded; paired by seed), and the change of the controls' final loss against the unguarded
 controls, beside the controls' own seed-to-seed spread.
 
-Each run is saved as JSON under benchmarks/results/monitors/ as it finishes, so a rerun resumes.
+Each run is saved as JSON under benchmarks/results/monitors/ as it finishes, so a rerun resumes;
+a run saved under other monitor code (``monitor_code``: an alarm rule changed) is run again.
 Writes benchmarks/results/monitors.json and prints Markdown.
 Run: python benchmarks/monitors.py [--failures a,b] [--seeds 6] [--workers 2] [--threads N]
 [--policies skip,backoff,rollback] (make bench-monitors; about 4.5 hours on 2 cores, two runs at a
@@ -23,7 +24,12 @@ benchmarks/results/monitors-heldout.json``); the shorter warm-up those runs call
 on seeds 12-17, run once after it was fixed (``--first-seed 12 --policies '' --out
 benchmarks/results/monitors-fresh.json``). Deep Post-LN came after both, and so was measured with
 the rules as they stood, never tuned on it (``--failures post_ln_without_warmup --out
-benchmarks/results/monitors-postln.json``).
+benchmarks/results/monitors-postln.json``). Its healthy controls broke ``attention_logits``' rule,
+so today's (fast growth, not size) was chosen on the saved series of seeds 0-5 of all three
+failures and tested on fresh seeds: ``--failures attention_logit_growth,low_precision_attention
+--first-seed 18 --policies '' --out benchmarks/results/monitors-rule2.json`` and ``--failures
+post_ln_without_warmup --first-seed 6 --policies '' --out
+benchmarks/results/monitors-postln-rule2.json``.
 """
 
 from __future__ import annotations
@@ -42,7 +48,15 @@ import torch
 from machine import cpu_model
 
 from rksp_cli.files import atomic_path
-from rksp_cli.monitors.failures import BASE, DEFAULT_EVERY, FAILURES, WatchedRun, head_to_head, watch_run
+from rksp_cli.monitors.failures import (
+    BASE,
+    DEFAULT_EVERY,
+    FAILURES,
+    WatchedRun,
+    head_to_head,
+    monitor_code,
+    watch_run,
+)
 from rksp_cli.monitors.guard import POLICIES
 
 HERE = Path(__file__).parent / "results"
@@ -68,9 +82,15 @@ def _one(job: Job, threads: int) -> Path:
     return _path(job)
 
 
+def _done(job: Job, code: str) -> bool:
+    path = _path(job)
+    return path.is_file() and json.loads(path.read_text()).get("monitor_code") == code
+
+
 def run_all(jobs: list[Job], workers: int, threads: int) -> list[WatchedRun]:
     RUNS.mkdir(parents=True, exist_ok=True)
-    todo = [j for j in jobs if not _path(j).is_file()]
+    code = monitor_code()
+    todo = [j for j in jobs if not _done(j, code)]
     print(f"{len(jobs) - len(todo)} of {len(jobs)} runs already done; {len(todo)} to go", flush=True)
     with ProcessPoolExecutor(max_workers=workers) as pool:
         for done, path in enumerate(pool.map(partial(_one, threads=threads), todo), 1):

@@ -9,7 +9,7 @@ import torch
 
 from rksp_cli.models.gpt import GPT, GPTConfig
 from rksp_cli.monitors.attention_entropy import find_attention
-from rksp_cli.monitors.attention_logits import SATURATED, AttentionLogits, max_logit
+from rksp_cli.monitors.attention_logits import LAG, LEVEL, AttentionLogits, max_logit
 from rksp_cli.monitors.base import Alert
 from rksp_cli.monitors.failures import MIN_PROGRESS, WINDOW, WatchedRun, head_to_head, lost_step
 from rksp_cli.monitors.output_logits import OutputLogits
@@ -50,10 +50,12 @@ def _logit_alarms(scale_per_check: float, checks: int = 30) -> list[Alert]:
     return alerts
 
 
-def test_attention_logits_alarm_on_sustained_growth_and_not_on_a_saturated_plateau():
-    grown = _logit_alarms(1.2)  # logits x1.44 a check
-    assert grown and grown[0].step == 3 + 3 - 1 and grown[0].value >= SATURATED  # warm-up 3, patience 3
+def test_attention_logits_alarm_on_fast_growth_not_on_a_plateau_or_slow_growth():
+    grown = _logit_alarms(1.2)  # logits x1.44 a check: 4.3x over LAG checks
+    assert grown and grown[0].step == LAG + 3 - 1 and grown[0].value >= LEVEL  # full history, patience 3
     assert _logit_alarms(1.0) == []  # the same saturated logits, holding: a sharp but stable model
+    # x1.21 a check, 2.1x over LAG checks: large and growing, as a healthy deep Pre-LN model's logits do
+    assert _logit_alarms(1.1) == []
 
 
 def test_output_logits_report_the_mean_log_partition_function():
@@ -324,3 +326,24 @@ def test_every_failure_s_control_is_the_same_run_with_one_change():
         fields = failure.failing.keys() | failure.control.keys()
         changed = {k for k in fields if failure.failing.get(k) != failure.control.get(k)}
         assert len(changed) + bool(failure.low_precision_bits) == 1, (failure.name, changed)
+
+
+def test_monitor_code_ignores_docstrings_and_comments_but_not_a_changed_rule(tmp_path):
+    import shutil
+    from pathlib import Path
+
+    from rksp_cli.monitors import attention_logits
+    from rksp_cli.monitors.failures import monitor_code
+
+    package = Path(attention_logits.__file__).parent
+    copy = tmp_path / "monitors"
+    shutil.copytree(package, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    before = monitor_code(copy)
+    assert before == monitor_code(package)
+    target = copy / "attention_logits.py"
+    source = target.read_text()
+    reworded = source.replace('"""Attention-logit growth', '"""Reworded: attention-logit growth')
+    target.write_text(reworded + "# a comment\n")
+    assert monitor_code(copy) == before
+    target.write_text(source.replace("LEVEL, GROWTH, LAG = 150.0, 3.0, 4", "LEVEL, GROWTH, LAG = 100.0, 3.0, 4"))
+    assert monitor_code(copy) != before

@@ -10,12 +10,17 @@ logit the layer could produce between the sampled states, not the largest one it
 under the causal mask: same growth, no need to rebuild the attention pattern.
 
 Alarm (``GrowthAlarm``; our choice, not a paper's): a layer's largest logit is at least
-``SATURATED`` = 50 and at least 2x the smallest of its last 10 checks, on 3 consecutive checks.
-A logit 50 above the others weighs them by e^-50, below float32's resolution, so the softmax is
-one-hot between those states; the growth condition keeps quiet a model that learned sharp
-attention and holds it there. A drift score was tried first: on the natural failure it alarmed
-late (step 1410 at lr 0.1, after a thousand steps of growth) or never (lr 0.03), since steady
-growth hardly stands out against its own recent history.
+``LEVEL`` = 150 and at least ``GROWTH`` = 3x the smallest of its previous ``LAG`` = 4 checks (200
+steps at the default interval), on 3 consecutive checks: fast growth past saturation, not size.
+A logit 50 above the others already makes the softmax one-hot in float32, but a large logit alone
+is no sign of trouble: a healthy 12-block Pre-LN model of width 128 learns logits of 70-80 by step
+250 and 900-1400 by step 5000 and trains well, growing about 1.5x per 200 steps after the first
+few hundred. The failures grow 3-6x per 200 steps (low-precision attention: 109 -> 607 over steps
+300-500; lr 0.1 without qk-layernorm: 300 -> 9800 over steps 100-400). The first rule (level 50,
+2x the low of the last 10 checks) alarmed on every one of those healthy deep runs. Chosen on
+seeds 0-5 of issue 16's three failures and tested on fresh seeds (README, "Natural slow
+failures"). A drift score was tried before both: it alarmed late or never, since steady growth
+hardly stands out against its own recent history.
 
 Cost per check and layer: the queries and keys of up to ``tokens`` sampled inputs (one projection)
 and an (heads x tokens x tokens) product.
@@ -30,7 +35,7 @@ import torch
 from rksp_cli.monitors.attention_entropy import QKSite
 from rksp_cli.monitors.base import Alert, GrowthAlarm, TokenSampler
 
-SATURATED = 50.0
+LEVEL, GROWTH, LAG = 150.0, 3.0, 4
 
 
 def max_logit(q: torch.Tensor, k: torch.Tensor) -> float:
@@ -46,7 +51,7 @@ class AttentionLogits:
             raise ValueError("attention logits found no attention layers")
         self.sites = {site.name: site for site in sites}
         self.sampler = TokenSampler({s.name: s.source for s in sites}, tokens, torch.Generator().manual_seed(seed))
-        self.alarm = GrowthAlarm(self.name, "max attention logit", SATURATED)
+        self.alarm = GrowthAlarm(self.name, "max attention logit", LEVEL, growth=GROWTH, lag=LAG, warmup=LAG)
 
     def remove(self) -> None:
         self.sampler.remove()

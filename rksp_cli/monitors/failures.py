@@ -25,7 +25,9 @@ false alarm. Detectors are replayed on the recorded losses and pre-clip gradient
 
 from __future__ import annotations
 
+import ast
 import copy
+import hashlib
 import json
 import math
 import statistics
@@ -126,6 +128,7 @@ class WatchedRun:
     notes: list[str] = field(default_factory=list)
     # every check: {"step", "metrics"}, the monitors' signals, so an alarm rule can be replayed later
     series: list[dict[str, Any]] = field(default_factory=list)
+    monitor_code: str = ""  # ``monitor_code()`` when it was watched; "" from before it was recorded
 
     @property
     def failed_step(self) -> int | None:
@@ -166,6 +169,24 @@ class WatchedRun:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> WatchedRun:
         return cls(**{**data, "alerts": [Alert(**a) for a in data["alerts"]]})
+
+
+def monitor_code(folder: Path | None = None) -> str:
+    """A fingerprint of the monitors' code (``folder``: this package), docstrings and comments aside.
+
+    A saved run's alarms are those of the rules it was watched under; a benchmark that resumes from
+    saved runs must not mix them with another rule's, and a docstring edit must not cost hours of
+    reruns."""
+    digest = hashlib.sha256()
+    for path in sorted((folder or Path(__file__).parent).glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            body = getattr(node, "body", None)
+            if isinstance(body, list) and body and isinstance(body[0], ast.Expr):
+                if isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+                    node.body = body[1:] or [ast.Pass()]  # type: ignore[attr-defined]
+        digest.update(path.name.encode() + ast.dump(tree).encode())
+    return digest.hexdigest()[:16]
 
 
 def gave_back(start: float, best: float, mean: float) -> bool:
@@ -241,6 +262,7 @@ def watch_run(
         actions=getattr(watcher, "actions", []),
         notes=[f"{elapsed:.0f} s in all"],
         series=series,
+        monitor_code=monitor_code(),
     )
 
 
