@@ -13,8 +13,8 @@ Alarm (``GrowthAlarm``; our choice, not a paper's): a layer's largest logit is a
 ``LEVEL`` = 150 and at least ``GROWTH`` = 3x the smallest of its previous ``LAG`` = 4 checks (200
 steps at the default interval), on 3 consecutive checks: fast growth past saturation, not size.
 A logit 50 above the others already makes the softmax one-hot in float32, but a large logit alone
-is no sign of trouble: a healthy 12-block Pre-LN model of width 128 learns logits of 70-80 by step
-250 and 900-1400 by step 5000 and trains well, growing about 1.5x per 200 steps after the first
+is no sign of trouble: a healthy 12-block Pre-LN model of width 128 learns logits of 54-84 by step
+250 and 950-1700 by step 5000 and trains well, growing about 1.5x per 200 steps after the first
 few hundred. The failures grow 3-6x per 200 steps (low-precision attention: 109 -> 607 over steps
 300-500; lr 0.1 without qk-layernorm: 300 -> 9800 over steps 100-400). The first rule (level 50,
 2x the low of the last 10 checks) alarmed on every one of those healthy deep runs. Chosen on
