@@ -16,7 +16,7 @@ A logit 50 above the others already makes the softmax one-hot in float32, but a 
 is no sign of trouble: a healthy 12-block Pre-LN model of width 128 learns logits of 54-84 by step
 250 and 950-1700 by step 5000 and trains well, growing about 1.5x per 200 steps after the first
 few hundred. The failures grow 3-6x per 200 steps (low-precision attention: 109 -> 607 over steps
-300-500; lr 0.1 without qk-layernorm: 300 -> 9800 over steps 100-400). The first rule (level 50,
+300-500; lr 0.1 without qk-layernorm: 300 -> 9800 over steps 100-400). The earlier rule (level 50,
 2x the low of the last 10 checks) alarmed on every one of those healthy deep runs. Chosen on
 seeds 0-5 of issue 16's three failures and tested on fresh seeds (README, "Natural slow
 failures"). A drift score was tried before both: it alarmed late or never, since steady growth
