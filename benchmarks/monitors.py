@@ -82,20 +82,26 @@ def _one(job: Job, threads: int) -> Path:
     return _path(job)
 
 
-def _done(job: Job, code: str) -> bool:
-    path = _path(job)
-    return path.is_file() and json.loads(path.read_text()).get("monitor_code") == code
+def _read(job: Job) -> WatchedRun:
+    return WatchedRun.from_dict(json.loads(_path(job).read_text()))
+
+
+def _resumable(job: Job, code: str) -> WatchedRun | None:
+    """The saved run, unless there is none or it was watched under other monitor code."""
+    run = _read(job) if _path(job).is_file() else None
+    return run if run is not None and run.monitor_code == code else None
 
 
 def run_all(jobs: list[Job], workers: int, threads: int) -> list[WatchedRun]:
     RUNS.mkdir(parents=True, exist_ok=True)
     code = monitor_code()
-    todo = [j for j in jobs if not _done(j, code)]
+    saved = {job: _resumable(job, code) for job in jobs}
+    todo = [job for job, run in saved.items() if run is None]
     print(f"{len(jobs) - len(todo)} of {len(jobs)} runs already done; {len(todo)} to go", flush=True)
     with ProcessPoolExecutor(max_workers=workers) as pool:
         for done, path in enumerate(pool.map(partial(_one, threads=threads), todo), 1):
             print(f"[{done}/{len(todo)}] {path.name}", flush=True)
-    return [WatchedRun.from_dict(json.loads(_path(j).read_text())) for j in jobs]
+    return [saved[job] or _read(job) for job in jobs]
 
 
 def actions(watched: list[WatchedRun], guarded: list[WatchedRun]) -> list[dict[str, Any]]:
