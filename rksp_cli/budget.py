@@ -90,7 +90,10 @@ def screen_cost(shape: ModelShape, tokens: int, threads: int | None = None, trai
     logits = 12.0 * batch_tokens * s.vocab_size if s.lm_head else 0.0
     states = 10 * 8.0 * tokens * s.d_model  # h_l, h_l+1, their copies while whitening (float64)
     dmd = 12 * 16.0 * r * r  # Gram matrix, operator, eigenvectors and their inverse (complex128)
-    memory = {"weights": weights, "activations": activations, "logits": logits, "spectra": states + dmd}
+    # two transitions profiled at once from two threads on (screen._concurrent_transitions): measured,
+    # +50% of this term at GPT-2 124M (d = 768), +12% at LLaMA-2-7B (d = 4096, N = 2048); take +50%
+    spectra_memory = (states + dmd) * (1.5 if threads >= 2 else 1.0)
+    memory = {"weights": weights, "activations": activations, "logits": logits, "spectra": spectra_memory}
     # init (random, or reading a checkpoint) at a parameter rate, the forward pass at a matmul rate
     forward = 2.0 * batch_tokens * (s.n_layers * s.block_parameters + (s.d_model * s.vocab_size if s.lm_head else 0))
     forward += 4.0 * batch_tokens * s.seq_len * s.d_model * s.n_layers

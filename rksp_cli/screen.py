@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -237,14 +238,15 @@ def _measure(
     device: str,
     on_layer: ProgressCallback | None = None,
 ) -> _Measurement:
-    """One forward pass on a token sample drawn with ``token_seed``, each transition profiled as
-    soon as its two states exist (only h_l and h_{l+1} are held at a time).
+    """One forward pass on a token sample drawn with ``token_seed``, the transitions profiled in
+    pairs as soon as their states exist (at most two transitions' states are held at a time).
 
-    Everything runs on the calling thread. An earlier release solved each transition's eigenvalues
-    on a worker thread beside the next block's forward pass; on a 2-core AVX-512 EPYC that made
-    the GPT-2 124M screen 8% slower (a third thread competing with the forward pass's two) and a
-    streamed one 1-3% slower, so it was dropped. ``dmd_seconds`` counts the de-duplication of the
-    states too: it is work the spectra need and a bare forward pass does not."""
+    The forward pass waits while a pair is profiled (``_profile``). An earlier release solved each
+    transition's eigenvalues on a worker thread beside the next block's forward pass; on a 2-core
+    AVX-512 EPYC that made the GPT-2 124M screen 8% slower (a third thread competing with the
+    forward pass's two) and a streamed one 1-3% slower, so it was dropped. ``dmd_seconds`` counts
+    the de-duplication of the states too (work the spectra need and a bare forward pass does not);
+    a pair's profile is split evenly between its two transitions."""
     gen = torch.Generator().manual_seed(token_seed)
     ids = screen_batch(spec.probe.input, spec.probe.tokens, subject.vocab_size, subject.seq_len, gen)
     positions = sample_positions(ids.numel(), spec.probe.tokens, gen)
@@ -254,10 +256,30 @@ def _measure(
     dmd_seconds: list[float] = []
     distinct = spec.probe.tokens
     previous: list[torch.Tensor] = []
+    pending: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]] = []  # (index, X, Y, sequences)
+    at_once = _concurrent_transitions(device)
+    dedup_seconds = 0.0
+
+    def flush() -> None:
+        """Profile the pending transitions, at once, and report each."""
+        nonlocal dedup_seconds
+        if not pending:
+            return
+        t = time.perf_counter()
+        spectra.extend(_profile([(X.to(device), Y.to(device), seq) for _, X, Y, seq in pending], settings, at_once))
+        release_free_memory()
+        share = (time.perf_counter() - t + dedup_seconds) / len(pending)
+        dmd_seconds.extend([share] * len(pending))
+        indices = [index for index, *_ in pending]
+        pending.clear()
+        dedup_seconds = 0.0
+        if on_layer is not None:
+            for index in indices:
+                on_layer(index, subject.n_layers)
 
     def consume(index: int, state: torch.Tensor) -> None:
-        """Profile transition index-1 -> index as soon as h_index exists; keep only h_index."""
-        nonlocal distinct
+        """Queue transition index-1 -> index as soon as h_index exists; keep only h_index."""
+        nonlocal distinct, dedup_seconds
         if not torch.isfinite(state).all():
             where = "the embeddings (h_0)" if index == 0 else f"the output of block {index - 1}"
             raise UnassessableError(
@@ -266,20 +288,54 @@ def _measure(
             )
         stream_rms.append(float(state.square().mean().sqrt()))
         if previous:
-            t_layer = time.perf_counter()
+            t = time.perf_counter()
             X, Y, kept = _distinct_columns(previous.pop().T, state.T)
             distinct = min(distinct, X.shape[1])
-            spectra.append(layer_spectrum(X.to(device), Y.to(device), settings, sequences[kept]))
-            del X, Y
-            release_free_memory()
-            dmd_seconds.append(time.perf_counter() - t_layer)
-            if on_layer is not None:
-                on_layer(index, subject.n_layers)
+            pending.append((index, X, Y, sequences[kept]))
+            dedup_seconds += time.perf_counter() - t
+            if len(pending) == at_once:
+                flush()
         previous.append(state)
 
     capture = capture_residual_stream(subject.blocks, lambda: subject.forward(ids), positions, on_state=consume)
+    flush()  # an odd last transition
     init_loss = None if capture.result is None else float(capture.result)
     return _Measurement(spectra, stream_rms, distinct, init_loss, dmd_seconds, capture.block_seconds)
+
+
+def _concurrent_transitions(device: str) -> int:
+    """How many transitions ``_measure`` profiles at once: two on a CPU with two or more torch
+    threads, else one.
+
+    Why: a transition's eigenvalue solve (LAPACK's Hessenberg QR) runs on one core whatever the
+    thread count, so a serial DMD leaves the second core idle for half its time. Measured on a
+    2-core AVX-512 EPYC at d = 768, N = 2048: 0.29 s per transition one after another on 2
+    threads, 0.215 s two at a time on 1 thread each (0.43 s for one alone on 1 thread). Design
+    choice: two, not one per thread, to bound the memory (each holds its own Gram matrix and
+    products); on a GPU the solves queue on one device, so one."""
+    return 2 if device == "cpu" and torch.get_num_threads() >= 2 else 1
+
+
+def _profile(
+    transitions: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], settings: DMDSettings, at_once: int
+) -> list[LayerSpectrum]:
+    """``layer_spectrum`` of each (X, Y, sequences), ``at_once`` at a time, each on an equal share
+    of torch's threads.
+
+    Every transition gets the same share whether or not it has a partner (an odd last one
+    included), so a layer's numbers do not depend on its position: torch's CPU kernels may sum
+    in another order on another thread count. The thread count is torch's global setting, so it
+    is set here, while the caller's forward pass waits, and restored after."""
+    threads = torch.get_num_threads()
+    if at_once == 1:
+        return [layer_spectrum(X, Y, settings, seq) for X, Y, seq in transitions]
+    torch.set_num_threads(max(1, threads // at_once))
+    try:  # fresh worker threads: each takes torch's thread count when it starts
+        with ThreadPoolExecutor(max_workers=at_once, thread_name_prefix="rksp-dmd") as pool:
+            futures = [pool.submit(layer_spectrum, X, Y, settings, seq) for X, Y, seq in transitions]
+            return [future.result() for future in futures]
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _features(m: _Measurement, subject: Subject, spec: ScreenSpec) -> dict[str, float]:

@@ -340,3 +340,67 @@ def test_a_sample_the_operator_fits_exactly_is_not_scored():
     assert "fits them exactly" in exact.risk.reason and "probe.tokens >= 512" in exact.risk.reason
     measured = at(512)
     assert math.isfinite(measured.risk.risk) and math.isfinite(measured.risk.lr_edge)
+
+
+@pytest.fixture
+def two_threads():
+    """The suite runs on one torch thread (conftest), where transitions are profiled one at a time."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def _transitions(count: int, d: int = 24, n: int = 300) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Snapshot pairs of normal operators (kappa(V) = 1), each with other eigenvalues."""
+    gen = torch.Generator().manual_seed(0)
+    out = []
+    for k in range(count):
+        Q, _ = torch.linalg.qr(torch.randn(d, d, generator=gen, dtype=torch.float64))
+        X = torch.randn(d, n, generator=gen, dtype=torch.float64)
+        Y = (Q * torch.linspace(0.5, 1.2 + 0.05 * k, d, dtype=torch.float64)) @ Q.T @ X
+        out.append((X, Y + 0.01 * torch.randn(d, n, generator=gen, dtype=torch.float64), torch.arange(n)))
+    return out
+
+
+def test_transitions_profiled_at_once_equal_one_at_a_time(two_threads):
+    from rksp_cli.koopman import DMDSettings
+    from rksp_cli.screen import _profile
+
+    transitions = _transitions(3)  # odd: the last one has no partner
+    settings = DMDSettings()
+    at_once = _profile(transitions, settings, at_once=2)
+    assert torch.get_num_threads() == 2  # restored
+    torch.set_num_threads(1)  # each of the two above ran on one thread
+    alone = _profile(transitions, settings, at_once=1)
+    assert len(at_once) == len(alone) == 3
+    for a, b in zip(at_once, alone, strict=True):
+        # the same operator to float64 round-off; its eigenvalues come from a float32 solve of a normal
+        # operator (perturbation <= ||dA||, dA ~ eps32 ||A||), so 1e-5 leaves a wide margin
+        for part in (torch.abs, torch.real, torch.imag):
+            torch.testing.assert_close(part(a.eigenvalues).sort()[0], part(b.eigenvalues).sort()[0], rtol=0, atol=1e-5)
+        assert a.near_unit_mass == b.near_unit_mass and a.expansive_mass == b.expansive_mass
+        assert a.eta_nl == pytest.approx(b.eta_nl, rel=1e-9)
+    radii = [s.spectral_radius for s in at_once]
+    assert radii == sorted(radii)  # in the order given: each transition's operator is wider than the last
+
+
+def test_a_failing_transition_restores_the_thread_count(two_threads):
+    from rksp_cli.koopman import DMDSettings
+    from rksp_cli.screen import _profile
+
+    X, Y, seq = _transitions(1)[0]
+    with pytest.raises(ValueError, match="shape"):
+        _profile([(X, Y, seq), (X, Y[:, :-1], seq)], DMDSettings(), at_once=2)
+    assert torch.get_num_threads() == 2
+
+
+def test_a_screen_on_two_threads_reports_every_transition_in_order(two_threads):
+    progress: list[int] = []
+    result = _screen(
+        {"norm": "pre", "d_model": 32, "n_heads": 4, "n_layers": 3}, on_layer=lambda i, n: progress.append(i)
+    )
+    assert progress == [1, 2, 3]
+    assert len(result.spectra) == len(result.timings["layers"]) == 3
+    assert all(row["dmd"] > 0 for row in result.timings["layers"])
+    assert result.timings["dmd"] == pytest.approx(sum(row["dmd"] for row in result.timings["layers"]))
