@@ -16,10 +16,10 @@ Each run is saved as JSON under benchmarks/results/monitors/ as it finishes, so 
 a run saved under other monitor code (``monitor_code``: an alarm rule changed) is run again.
 Writes benchmarks/results/monitors.json and prints Markdown.
 Run: python benchmarks/monitors.py [--failures a,b] [--seeds 6] [--workers 2] [--threads N]
-[--policies skip,backoff,rollback] (make bench-monitors; about 4.5 hours on 2 cores, two runs at a
-time: 35 minutes for the two width-64 failures, about 4 hours for deep Post-LN's 48 runs of up to
-5000 steps). The alarm rules of ``attention_logits`` and ``output_logits`` were chosen on seeds
-0-5 and checked on seeds 6-11 (``--first-seed 6 --policies '' --out
+[--policies skip,backoff,rollback] [--kinds failing,control] (make bench-monitors; about 4.5
+hours on 2 cores, two runs at a time: 35 minutes for the two width-64 failures, about 4 hours for
+deep Post-LN's 48 runs of up to 5000 steps). The alarm rules of ``attention_logits`` and
+``output_logits`` were chosen on seeds 0-5 and checked on seeds 6-11 (``--first-seed 6 --policies '' --out
 benchmarks/results/monitors-heldout.json``); the shorter warm-up those runs called for was checked
 on seeds 12-17, run once after it was fixed (``--first-seed 12 --policies '' --out
 benchmarks/results/monitors-fresh.json``). Deep Post-LN came after both, and so was measured with
@@ -29,7 +29,10 @@ so today's (fast growth, not size) was chosen on the saved series of seeds 0-5 o
 failures and tested on fresh seeds: ``--failures attention_logit_growth,low_precision_attention
 --first-seed 18 --policies '' --out benchmarks/results/monitors-rule2.json`` and ``--failures
 post_ln_without_warmup --first-seed 6 --policies '' --out
-benchmarks/results/monitors-postln-rule2.json``.
+benchmarks/results/monitors-postln-rule2.json``. The R-Metric's scale was then chosen on the
+saved components of deep Post-LN seeds 0-11 and checked on fresh controls: ``--failures
+post_ln_without_warmup --first-seed 12 --kinds control --policies '' --out
+benchmarks/results/monitors-postln-rule3-controls.json``.
 """
 
 from __future__ import annotations
@@ -181,6 +184,9 @@ def main() -> None:
         "--threads", type=int, default=None, help="torch threads per run (default: the cores over the workers)"
     )
     parser.add_argument("--policies", default=",".join(POLICIES), help="guard policies to measure; '' for none")
+    parser.add_argument(
+        "--kinds", default="failing,control", help="which runs: 'control' alone checks false alarms on fresh seeds"
+    )
     args = parser.parse_args()
     names = args.failures.split(",")
     if unknown := set(names) - set(FAILURES):
@@ -189,7 +195,10 @@ def main() -> None:
     if unknown := set(policies) - set(POLICIES):
         raise SystemExit(f"--policies: unknown {sorted(unknown)}; choose from {', '.join(POLICIES)}")
     seeds = range(args.first_seed, args.first_seed + args.seeds)
-    cells = [(n, k, s) for n in names for s in seeds for k in ("failing", "control")]  # pairs first
+    kinds = [k for k in args.kinds.split(",") if k]
+    if not kinds or set(kinds) - {"failing", "control"}:
+        raise SystemExit(f"--kinds: {args.kinds!r}; choose failing, control or both")
+    cells = [(n, k, s) for n in names for s in seeds for k in kinds]  # pairs first
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.workers)
     runs = run_all([(*c, None) for c in cells], args.workers, threads)
     guarded = run_all([(*c, p) for p in policies for c in cells], args.workers, threads) if policies else []

@@ -110,6 +110,27 @@ def test_published_r_metric_false_alarms_on_a_falling_loss_and_the_robust_one_do
     assert alerts["published"] > 0 and alerts["robust"] == 0
 
 
+@pytest.mark.parametrize(("z", "alarms"), [(9.5, False), (10.1, True)])
+def test_robust_r_metric_alarms_on_the_loss_alone_from_z_9_8(z, alarms):
+    """0.70 * min(z / 12, 1) > 0.57 from z = 9.77: the line the deep healthy runs' late drift sat under."""
+    import statistics
+
+    from rksp_cli.monitors.base import MAD_TO_SIGMA
+
+    model = nn.Linear(4, 4)
+    model.weight.grad = torch.ones(4, 4)  # gradient norms that never change: sigma2 scores 0
+    model.bias.grad = torch.ones(4)
+    metric = RMetric(model)
+    losses = [3.0 + 0.01 * ((7 * t) % 5) for t in range(40)]  # a noisy plateau
+    assert not any(metric.check(t, loss)[1] for t, loss in enumerate(losses))
+    history = metric.drift["dloss"].history
+    median = statistics.median(history)
+    mad = statistics.median(abs(v - median) for v in history)
+    jump = median + z * MAD_TO_SIGMA * max(mad, 0.01 * abs(median))  # the dL that scores exactly z
+    _, alerts = metric.check(40, statistics.fmean(metric.losses) + jump)
+    assert bool(alerts) == alarms
+
+
 GPT_MONITORS = ["spectral_alignment", "attention_entropy", "attention_logits", "output_logits"]
 HF_MONITORS = ["spectral_alignment", "attention_entropy", "attention_logits"]  # AutoModel: no vocabulary head
 

@@ -15,10 +15,16 @@ Cost per check: one L2 norm per parameter tensor (a pass over the gradients); pe
 check included) and an alert at R > 0.57. Its known weakness (reference, caveat 3): any new local
 maximum maps to 1, so the fast loss drop of early training alone gives R >= 0.70.
 ``variant="robust"`` (the default) keeps the weights and the 0.57 line but maps each component to
-clip(z / 10, 0, 1), z its robust upward z-score (median/MAD over the window, none before 20 checks,
-which is also the warm-up blackout). dL alone then alerts from z >= 8.1, and a steady loss
-decrease does not. Both constants were raised from 8 and 10 after a clean run of the fault harness
-(batch 16, a noisy loss) alarmed once on noise; they are ours, not the paper's.
+clip(z / 12, 0, 1), z its robust upward z-score (median/MAD over the window, none before 20 checks,
+which is also the warm-up blackout). dL alone then alerts from z >= 9.8, and a steady loss
+decrease does not. These constants are ours, not the paper's. The scale and the warm-up went
+from 8 and 10 checks to 10 and 20 after a clean run of the fault harness (batch 16, a noisy loss)
+alarmed once on noise; the scale went from 10 to 12 after healthy 12-block models (the deep
+Pre-LN controls of ``failures.py``, 5000 steps) alarmed late in training on 4 of 12 seeds, R
+0.57-0.62, mostly from the slow rise of the gradient norms' variance. Replayed over those runs'
+saved components (exact: R reads nothing else), 12 leaves none of those alarms and keeps the 4
+of 12 failing deep Post-LN runs it alarmed ahead of (at 10 the healthy ones alarmed as often).
+A larger scale only removes alarms: R falls at every check.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ from torch import nn
 from rksp_cli.monitors.base import Alert, RobustDrift
 
 WEIGHTS = {"lambda": 0.10, "sigma2": 0.45, "dloss": 0.70}
-THRESHOLD, WINDOW, Z_FULL, WARMUP_CHECKS = 0.57, 100, 10.0, 20
+THRESHOLD, WINDOW, Z_FULL, WARMUP_CHECKS = 0.57, 100, 12.0, 20
 STRAGGLER_FACTOR, STEP_WINDOW = 3.0, 50
 
 
