@@ -308,8 +308,8 @@ def _concurrent_transitions(device: str) -> int:
     threads, else one.
 
     Why: a transition's eigenvalue solve (LAPACK's Hessenberg QR) runs on one core whatever the
-    thread count, so a serial DMD leaves the second core idle for half its time. Measured on a
-    2-core AVX-512 EPYC at d = 768, N = 2048: 0.29 s per transition one after another on 2
+    thread count, so a serial DMD leaves the second core idle for almost half its time. Measured
+    on a 2-core AVX-512 EPYC at d = 768, N = 2048: 0.29 s per transition one after another on 2
     threads, 0.215 s two at a time on 1 thread each (0.43 s for one alone on 1 thread). Design
     choice: two, not one per thread, to bound the memory (each holds its own Gram matrix and
     products); on a GPU the solves queue on one device, so one."""
