@@ -67,6 +67,20 @@ class Cost:
         )
 
 
+def concurrent_transitions(threads: int, device: str = "cpu") -> int:
+    """How many transitions the screen profiles at once: two on a CPU with two or more torch threads,
+    else one.
+
+    Why: a transition's eigenvalue solve (LAPACK's Hessenberg QR) runs on one core whatever the
+    thread count, so a serial DMD leaves the second core idle for almost half its time. Measured
+    on a 2-core AVX-512 EPYC at d = 768, N = 2048: 0.29 s per transition one after another on 2
+    threads, 0.215 s two at a time on 1 thread each (0.43 s for one alone on 1 thread). Design
+    choice: two, not one per thread, to bound the memory (each holds its own Gram matrix and
+    products); on a GPU the solves queue on one device, so one. Here, not in the screen, so that
+    the cost estimate counts the same rule without importing torch."""
+    return 2 if device == "cpu" and threads >= 2 else 1
+
+
 def screen_cost(shape: ModelShape, tokens: int, threads: int | None = None, training: bool = False) -> Cost:
     """Peak memory and time of a screen on ``tokens`` token states.
 
@@ -90,9 +104,9 @@ def screen_cost(shape: ModelShape, tokens: int, threads: int | None = None, trai
     logits = 12.0 * batch_tokens * s.vocab_size if s.lm_head else 0.0
     states = 10 * 8.0 * tokens * s.d_model  # h_l, h_l+1, their copies while whitening (float64)
     dmd = 12 * 16.0 * r * r  # Gram matrix, operator, eigenvectors and their inverse (complex128)
-    # two transitions profiled at once from two threads on (screen._concurrent_transitions): measured,
-    # +50% of this term at GPT-2 124M (d = 768), +12% at LLaMA-2-7B (d = 4096, N = 2048); take +50%
-    spectra_memory = (states + dmd) * (1.5 if threads >= 2 else 1.0)
+    # a second transition profiled at once: measured +50% of this term at GPT-2 124M (d = 768), +12% at
+    # LLaMA-2-7B (d = 4096, N = 2048); take +50% (on a GPU, where it is one at a time, this errs long)
+    spectra_memory = (states + dmd) * (1.5 if concurrent_transitions(threads) == 2 else 1.0)
     memory = {"weights": weights, "activations": activations, "logits": logits, "spectra": spectra_memory}
     # init (random, or reading a checkpoint) at a parameter rate, the forward pass at a matmul rate
     forward = 2.0 * batch_tokens * (s.n_layers * s.block_parameters + (s.d_model * s.vocab_size if s.lm_head else 0))

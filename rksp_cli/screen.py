@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from rksp_cli import __version__
-from rksp_cli.budget import Budget, Cost, ModelShape, screen_cost
+from rksp_cli.budget import Budget, Cost, ModelShape, concurrent_transitions, screen_cost
 from rksp_cli.capture import capture_residual_stream, sample_positions
 from rksp_cli.data import screen_batch
 from rksp_cli.errors import UnassessableError
@@ -257,7 +257,7 @@ def _measure(
     distinct = spec.probe.tokens
     previous: list[torch.Tensor] = []
     pending: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]] = []  # (index, X, Y, sequences)
-    at_once = _concurrent_transitions(device)
+    at_once = concurrent_transitions(torch.get_num_threads(), device)
     dedup_seconds = 0.0
 
     def flush() -> None:
@@ -301,19 +301,6 @@ def _measure(
     flush()  # an odd last transition
     init_loss = None if capture.result is None else float(capture.result)
     return _Measurement(spectra, stream_rms, distinct, init_loss, dmd_seconds, capture.block_seconds)
-
-
-def _concurrent_transitions(device: str) -> int:
-    """How many transitions ``_measure`` profiles at once: two on a CPU with two or more torch
-    threads, else one.
-
-    Why: a transition's eigenvalue solve (LAPACK's Hessenberg QR) runs on one core whatever the
-    thread count, so a serial DMD leaves the second core idle for almost half its time. Measured
-    on a 2-core AVX-512 EPYC at d = 768, N = 2048: 0.29 s per transition one after another on 2
-    threads, 0.215 s two at a time on 1 thread each (0.43 s for one alone on 1 thread). Design
-    choice: two, not one per thread, to bound the memory (each holds its own Gram matrix and
-    products); on a GPU the solves queue on one device, so one."""
-    return 2 if device == "cpu" and torch.get_num_threads() >= 2 else 1
 
 
 def _profile(

@@ -2,6 +2,7 @@
 
 import json
 import math
+import statistics
 import sys
 
 import pytest
@@ -13,6 +14,7 @@ from rksp_cli.cli import app
 from rksp_cli.models.gpt import GPT, GPTConfig
 from rksp_cli.monitors import Monitor
 from rksp_cli.monitors.attention_entropy import AttentionSpectralEntropy, delta2_entropy, find_attention
+from rksp_cli.monitors.base import MAD_TO_SIGMA
 from rksp_cli.monitors.faults import FaultJob, run_fault
 from rksp_cli.monitors.r_metric import RMetric
 from rksp_cli.monitors.router import router_stats
@@ -113,10 +115,6 @@ def test_published_r_metric_false_alarms_on_a_falling_loss_and_the_robust_one_do
 @pytest.mark.parametrize(("z", "alarms"), [(9.5, False), (10.1, True)])
 def test_robust_r_metric_alarms_on_the_loss_alone_from_z_9_8(z, alarms):
     """0.70 * min(z / 12, 1) > 0.57 from z = 9.77: the line the deep healthy runs' late drift sat under."""
-    import statistics
-
-    from rksp_cli.monitors.base import MAD_TO_SIGMA
-
     model = nn.Linear(4, 4)
     model.weight.grad = torch.ones(4, 4)  # gradient norms that never change: sigma2 scores 0
     model.bias.grad = torch.ones(4)
