@@ -14,7 +14,7 @@ from rksp_cli.cli import app
 from rksp_cli.models.gpt import GPT, GPTConfig
 from rksp_cli.monitors import Monitor
 from rksp_cli.monitors.attention_entropy import AttentionSpectralEntropy, delta2_entropy, find_attention
-from rksp_cli.monitors.base import MAD_TO_SIGMA
+from rksp_cli.monitors.base import MAD_TO_SIGMA, RobustDrift
 from rksp_cli.monitors.faults import FaultJob, run_fault
 from rksp_cli.monitors.r_metric import RMetric
 from rksp_cli.monitors.router import router_stats
@@ -82,12 +82,39 @@ def test_attention_entropy_alarms_when_updates_turn_low_rank():
     qkv = model.blocks[0].attn.qkv.weight
     u, v = torch.randn(qkv.shape[0], 1), torch.randn(1, qkv.shape[1])
     levels = []
-    for check in range(20):
+    for check in range(36):  # 1 check of lag, 10 of burn-in and 10 of history before any score
         with torch.no_grad():
-            qkv += 1e-3 * (u @ v if check >= 14 else torch.randn_like(qkv))  # rank 1 from check 14 on
+            qkv += 1e-3 * (u @ v if check >= 30 else torch.randn_like(qkv))  # rank 1 from check 30 on
         levels.append({a.level for a in monitor.check(check)[1]})
-    assert not set().union(*levels[:14])
-    assert "alarm" in set().union(*levels[14:])
+    assert not set().union(*levels[:30])
+    assert "alarm" in set().union(*levels[30:])
+
+
+def test_burn_in_values_never_become_the_baseline():
+    """An early transient (here 100x the later level) is neither scored nor remembered."""
+    drift = RobustDrift(direction=-1, window=40, min_history=3, burn_in=5)
+    scores = [drift.score(v) for v in [100.0] * 5 + [1.0, 1.01, 0.99, 1.0]]
+    assert scores[:8] == [None] * 8 and scores[8] == pytest.approx(0.0)
+    assert list(drift.history) == [1.0, 1.01, 0.99, 1.0]
+
+
+@pytest.mark.parametrize(("z", "alarms"), [(4.5, False), (5.5, True)])
+def test_attention_entropy_alarms_from_a_5_sd_drop_against_40_checks(z, alarms):
+    """Healthy deep runs' single-layer dips reached z 4-5 against 20 checks of history; the rule asks
+    for 5 sd against 40, on 3 checks in a row."""
+    monitor = AttentionSpectralEntropy(find_attention(GPT(GPTConfig(n_layers=1))))
+    alarm = next(iter(monitor.alarms.values()))
+    plateau = [0.80 + 0.01 * ((7 * t) % 5) for t in range(60)]
+    assert not any(alarm.update(t, "layer", v) for t, v in enumerate(plateau))
+    assert len(alarm.drift.history) == 40
+    levels = []
+    for t in range(60, 63):
+        history = alarm.drift.history
+        median = statistics.median(history)
+        mad = statistics.median(abs(v - median) for v in history)
+        alert = alarm.update(t, "layer", median - z * MAD_TO_SIGMA * max(mad, 0.01 * median))  # scores exactly z
+        levels.append(alert.level if alert else None)
+    assert levels[-1] == ("alarm" if alarms else None)
 
 
 def test_router_statistics():

@@ -90,15 +90,20 @@ class RobustDrift:
     """Robust z-score of a new value against the history of earlier checks (median / MAD).
 
     ``direction`` -1 scores drops, +1 rises. No score until ``min_history`` checks exist, which
-    doubles as a warm-up blackout; the MAD is floored at ``floor`` x |median| so that a signal that
-    has been flat to the last digit does not turn a rounding wiggle into a huge z.
+    doubles as a warm-up blackout; the first ``burn_in`` values are dropped unscored, so that early
+    training's fast changes never become the baseline; the MAD is floored at ``floor`` x |median| so
+    that a signal that has been flat to the last digit does not turn a rounding wiggle into a huge z.
     """
 
-    def __init__(self, direction: int, window: int = 100, min_history: int = 10, floor: float = 0.01):
+    def __init__(self, direction: int, window: int = 100, min_history: int = 10, floor: float = 0.01, burn_in: int = 0):
         self.direction, self.min_history, self.floor = direction, min_history, floor
         self.history: deque[float] = deque(maxlen=window)
+        self.burn_in = burn_in
 
     def score(self, value: float) -> float | None:
+        if self.burn_in > 0:
+            self.burn_in -= 1
+            return None
         z = None
         if len(self.history) >= self.min_history:
             median = statistics.median(self.history)
@@ -130,10 +135,19 @@ class DriftAlarm:
     attention-entropy fall from 0.70 to 0.61 scored z = 2). Measured, not taken from a paper.
     """
 
-    def __init__(self, monitor: str, what: str, direction: int, z: float = 4.0, patience: int = 3, window: int = 20):
+    def __init__(
+        self,
+        monitor: str,
+        what: str,
+        direction: int,
+        z: float = 4.0,
+        patience: int = 3,
+        window: int = 20,
+        burn_in: int = 0,
+    ):
         self.monitor, self.what, self.z, self.patience = monitor, what, z, patience
         self.verb = "fell" if direction < 0 else "rose"
-        self.drift = RobustDrift(direction, window=window)
+        self.drift = RobustDrift(direction, window=window, burn_in=burn_in)
         self.persistence = Persistence(patience)
 
     def update(self, step: int, layer: str | None, value: float) -> Alert | None:
