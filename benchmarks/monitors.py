@@ -32,7 +32,11 @@ post_ln_without_warmup --first-seed 6 --policies '' --out
 benchmarks/results/monitors-postln-rule2.json``. The R-Metric's scale was then chosen on the
 saved components of deep Post-LN seeds 0-11 and checked on fresh controls: ``--failures
 post_ln_without_warmup --first-seed 12 --kinds control --policies '' --out
-benchmarks/results/monitors-postln-rule3-controls.json``.
+benchmarks/results/monitors-postln-rule3-controls.json``. ``attention_entropy``'s window, z and
+burn-in were chosen on the saved series of deep Post-LN seeds 0-17 and the fault harness's seeds
+0-5, and run once on fresh seeds: ``--failures post_ln_without_warmup --first-seed 18 --policies ''
+--out benchmarks/results/monitors-postln-rule4.json``. ``--first-seed 18 --policies ''`` (the default
+``--out``) is the run of every failure under today's code.
 """
 
 from __future__ import annotations
