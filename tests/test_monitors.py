@@ -90,6 +90,13 @@ def test_attention_entropy_alarms_when_updates_turn_low_rank():
     assert "alarm" in set().union(*levels[30:])
 
 
+def scoring(drift: RobustDrift, z: float) -> float:
+    """The value ``drift`` would score exactly ``z`` against its current history."""
+    median = statistics.median(drift.history)
+    mad = statistics.median(abs(v - median) for v in drift.history)
+    return median + drift.direction * z * MAD_TO_SIGMA * max(mad, drift.floor * abs(median))
+
+
 def test_burn_in_values_never_become_the_baseline():
     """An early transient (here 100x the later level) is neither scored nor remembered."""
     drift = RobustDrift(direction=-1, window=40, min_history=3, burn_in=5)
@@ -109,10 +116,7 @@ def test_attention_entropy_alarms_from_a_5_sd_drop_against_40_checks(z, alarms):
     assert len(alarm.drift.history) == 40
     levels = []
     for t in range(60, 63):
-        history = alarm.drift.history
-        median = statistics.median(history)
-        mad = statistics.median(abs(v - median) for v in history)
-        alert = alarm.update(t, "layer", median - z * MAD_TO_SIGMA * max(mad, 0.01 * median))  # scores exactly z
+        alert = alarm.update(t, "layer", scoring(alarm.drift, z))
         levels.append(alert.level if alert else None)
     assert levels[-1] == ("alarm" if alarms else None)
 
@@ -148,10 +152,7 @@ def test_robust_r_metric_alarms_on_the_loss_alone_from_z_9_8(z, alarms):
     metric = RMetric(model)
     losses = [3.0 + 0.01 * ((7 * t) % 5) for t in range(40)]  # a noisy plateau
     assert not any(metric.check(t, loss)[1] for t, loss in enumerate(losses))
-    history = metric.drift["dloss"].history
-    median = statistics.median(history)
-    mad = statistics.median(abs(v - median) for v in history)
-    jump = median + z * MAD_TO_SIGMA * max(mad, 0.01 * abs(median))  # the dL that scores exactly z
+    jump = scoring(metric.drift["dloss"], z)  # the dL that scores exactly z
     _, alerts = metric.check(40, statistics.fmean(metric.losses) + jump)
     assert bool(alerts) == alarms
 
