@@ -1,9 +1,11 @@
 """Per-layer DMD time at d = 768, N = 2048 (GPT-2 small's width), against PyDMD on the same matrices.
 
-Snapshots are block-like (Y = X + tanh(B X)) in float64. rksp's `layer_spectrum` does the screen's
-profile: whitening, DMD, eigenvalues, eta_nl and masses (the default), and with ``kappa=True`` also
-the eigenvectors and kappa(V). PyDMD's `DMD(svd_rank=-1)` on the same whitened snapshots computes
-eigenvalues and modes. Medians of 5 runs per thread count; the eigenvalues of both are compared.
+Snapshots are block-like (Y = X + tanh(B X)) in float64, and the same rounded to float32, the
+precision a screen reads the residual stream in (its Gram matrix and products are then formed in
+float32). rksp's `layer_spectrum` does the screen's profile: whitening, DMD, eigenvalues, eta_nl
+and masses (the default), and with ``kappa=True`` also the eigenvectors and kappa(V). PyDMD's
+`DMD(svd_rank=-1)` on the same whitened snapshots computes eigenvalues and modes. Medians of 5 runs
+per thread count; the eigenvalues of both are compared.
 Run: make bench-dmd
 (PyDMD is a benchmark-only dependency: pip install pydmd).
 """
@@ -48,8 +50,10 @@ def main() -> None:
     for threads in (1, 2):
         torch.set_num_threads(threads)
         ours = median_time(lambda: layer_spectrum(X, Y))
+        single = median_time(lambda: layer_spectrum(X.float(), Y.float()))
         with_kappa = median_time(lambda: layer_spectrum(X, Y, DMDSettings(kappa=True)))
-        line = f"  threads={threads}: rksp profile {ours:.3f} s, with kappa(V) {with_kappa:.3f} s"
+        line = f"  threads={threads}: rksp profile {ours:.3f} s (float32 states {single:.3f} s)"
+        line += f", with kappa(V) {with_kappa:.3f} s"
         if DMD is not None:
             from threadpoolctl import threadpool_limits
 

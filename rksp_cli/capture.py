@@ -5,8 +5,10 @@ Hooks, not ``output_hidden_states``: transformers applies the final norm to the 
 h_0 is the input of the first block (a forward pre-hook), so it is exactly what the blocks see:
 embeddings after any scaling or embedding norm the architecture applies.
 
-Only the sampled token states are read (as float64 on the CPU); with a consumer callback only
-one or two of them are alive at a time.
+Only the sampled token states are read, on the CPU, in the model's precision (float32 at least:
+a bfloat16 stream is widened exactly); with a consumer callback only one or two of them are alive at
+a time. The spectra are computed in float64 from them, with products in float32 where the states
+were float32 and that resolves them (``koopman._gram_eigh``).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ def sample_positions(n_positions: int, n_tokens: int, generator: torch.Generator
 
 @dataclass
 class Capture:
-    states: list[torch.Tensor]  # h_0 .. h_L at the sampled positions, each (N, d) float64 (empty with on_state)
+    states: list[torch.Tensor]  # h_0 .. h_L at the sampled positions, each (N, d) (empty with on_state)
     result: Any  # what ``forward`` returned
     block_seconds: list[float]  # wall time of each block's forward
 
@@ -57,7 +59,8 @@ def capture_residual_stream(
             h = h[0]
         if not isinstance(h, torch.Tensor) or h.ndim != 3:
             raise RuntimeError(f"{where}: expected a (batch, positions, d) hidden-state tensor, got {type(h).__name__}")
-        return h.detach().reshape(-1, h.shape[-1])[positions.to(h.device)].to("cpu", torch.float64)
+        state = h.detach().reshape(-1, h.shape[-1])[positions.to(h.device)]
+        return state.to("cpu", torch.promote_types(state.dtype, torch.float32))
 
     def deliver(index: int, state: torch.Tensor) -> None:
         seen[index] = True

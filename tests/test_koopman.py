@@ -5,8 +5,9 @@ import math
 import pytest
 import torch
 
-from rksp_cli.koopman import DMDSettings, aggregate, layer_spectrum, spectral_masses, whiten
+from rksp_cli.koopman import DMDSettings, _gram_eigh, aggregate, layer_spectrum, spectral_masses, whiten
 from tests.tolerances import (
+    EPS32,
     EPS64,
     condition,
     eigenvalue_tolerance,
@@ -178,6 +179,54 @@ def test_the_fit_from_gram_products_equals_the_fit_on_whitened_snapshots(d, n):
         assert gram.eta_nl == pytest.approx(direct.eta_nl, rel=n * EPS64 * kappa_x * scale)
     else:  # an exact fit: no residual to measure either way
         assert math.isnan(gram.eta_nl) and math.isnan(direct.eta_nl)
+
+
+def _precision_taken(X: torch.Tensor) -> torch.dtype:
+    """The precision ``auto`` forms the Gram matrix and products of float32 states in."""
+    X = X.to(torch.float64)
+    return _gram_eigh(X - X.mean(1, keepdim=True), torch.float32)[3]
+
+
+@pytest.mark.parametrize(("d", "n"), [(24, 300), (40, 25)])
+def test_float32_states_are_profiled_in_float32_within_its_round_off(d, n):
+    """A screen's states are float32: `auto` then forms its Gram matrix and products in float32
+    when that resolves them, and must agree with the float64 computation on the same values
+    within the float32 version of the same error bounds (d > N: the structural zero is allowed)."""
+    X, Y = (M.to(torch.float32) for M in _snapshots(d=d, n=n, seed=10))
+    assert _precision_taken(X) == torch.float32  # the fast path is the one under test
+    single = layer_spectrum(X, Y, DMDSettings(kappa=True))  # eigenvalues from float64 eig: products alone differ
+    double = layer_spectrum(X.double(), Y.double(), DMDSettings(kappa=True))
+    assert single.eigenvalues.numel() == double.eigenvalues.numel() == min(d, n - 1)
+    Xc = X.double() - X.double().mean(1, keepdim=True)
+    kappa_x = condition(Xc)
+    tol = eigenvalue_tolerance(n, double.kappa, kappa_x, double.spectral_radius, eps=EPS32)
+    assert _max_matching_distance(single.eigenvalues, double.eigenvalues) < tol
+    u = double.update_ratio
+    assert single.update_ratio == pytest.approx(u, rel=n * EPS32 * kappa_x * (1 + u) ** 2 / u**2)
+    if n - 1 > d:
+        scale = (1 + u) ** 2 / (double.eta_nl * u) ** 2
+        assert single.eta_nl == pytest.approx(double.eta_nl, rel=n * EPS32 * kappa_x * scale)
+
+
+def test_float32_states_float32_cannot_resolve_are_profiled_in_float64():
+    """States in a low-dim span (a small vocabulary's embeddings) carry float32 round-off in the
+    other directions; a float32 Gram matrix cannot tell those from signal, so `auto` forms it in
+    float64, and the result is the float64 computation's to the bit: same rank, same numbers."""
+    g = torch.Generator().manual_seed(11)
+    X = torch.randn(24, 10, generator=g) @ torch.randn(10, 300, generator=g)  # float32, rank 10
+    Y = X + torch.tanh(torch.randn(24, 24, generator=g) / 5 @ X)
+    assert _precision_taken(X) == torch.float64
+    single, double = layer_spectrum(X, Y), layer_spectrum(X.double(), Y.double())
+    assert single.eigenvalues.numel() == 10
+    assert torch.equal(single.eigenvalues, double.eigenvalues)
+    assert single.eta_nl == double.eta_nl and single.update_ratio == double.update_ratio
+
+
+def test_float32_states_beyond_float32_products_are_profiled_in_float64():
+    X = torch.randn(6, 100, generator=torch.Generator().manual_seed(12))
+    spec = layer_spectrum(X, 1e37 * X)  # float32 states; in float32, Y X^T ~ 1e37 N overflows
+    assert spec.spectral_radius == pytest.approx(1e37, rel=1e-5)
+    assert spec.expansive_mass == 1.0
 
 
 def test_resdmd_filter_falls_back_and_flags_when_nothing_survives():

@@ -44,14 +44,24 @@ def test_capture_reads_embeddings_and_block_outputs_before_the_final_norm():
     ids = torch.randint(0, 103, (4, 32))
     positions = sample_positions(ids.numel(), 100, torch.Generator().manual_seed(0))
     states = capture_residual_stream(model.blocks, lambda: model(ids), positions).states
-    assert len(states) == 4 and states[0].shape == (100, 64) and states[0].dtype == torch.float64
+    assert len(states) == 4 and states[0].shape == (100, 64) and states[0].dtype == torch.float32  # the model's
     with torch.no_grad():
         h = model.embed(ids)
-        assert torch.equal(states[0], h.reshape(-1, 64)[positions].double())
+        assert torch.equal(states[0], h.reshape(-1, 64)[positions])
         for block in model.blocks:
             h = block(h)
-    assert torch.equal(states[-1], h.reshape(-1, 64)[positions].double())
+    assert torch.equal(states[-1], h.reshape(-1, 64)[positions])
     assert not any(b._forward_hooks or b._forward_pre_hooks for b in model.blocks)  # hooks removed
+
+
+def test_capture_widens_a_bfloat16_stream_to_float32_exactly():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(norm="pre", n_layers=2)).eval().to(torch.bfloat16)
+    ids = torch.randint(0, 103, (2, 16))
+    states = capture_residual_stream(model.blocks, lambda: model(ids), torch.arange(32)).states
+    with torch.no_grad():
+        h = model.embed(ids)
+    assert states[0].dtype == torch.float32 and torch.equal(states[0], h.reshape(-1, 64).float())
 
 
 def test_capture_on_transformers_skips_the_final_norm_that_hidden_states_applies():
@@ -65,12 +75,12 @@ def test_capture_on_transformers_skips_the_final_norm_that_hidden_states_applies
     positions = torch.arange(32)
     capture = capture_residual_stream(model.h, lambda: model(input_ids=ids, output_hidden_states=True), positions)
     states, out = capture.states, capture.result
-    hidden = [h.reshape(-1, 32).double() for h in out.hidden_states]
-    for i in range(len(hidden) - 1):  # the very tensors transformers returns, widened exactly to float64
+    hidden = [h.reshape(-1, 32) for h in out.hidden_states]
+    for i in range(len(hidden) - 1):  # the very tensors transformers returns
         assert torch.equal(states[i], hidden[i])
     assert not torch.allclose(states[-1], hidden[-1], atol=1e-3)  # transformers' last entry is ln_f(h_L)
     with torch.no_grad():  # the same float32 LayerNorm on the same input: the same bits
-        assert torch.equal(model.ln_f(states[-1].float()).double(), hidden[-1])
+        assert torch.equal(model.ln_f(states[-1]), hidden[-1])
 
 
 def test_sigma_reparam_starts_as_the_plain_init_and_holds_each_spectral_norm_at_gamma():

@@ -19,6 +19,9 @@ tolerance is therefore a first-order error bound, written from the quantities th
   kappa(V) ||dA|| / gap, so relative changes of kappa(V) are bounded by ``n eps kappa(V)^2 kappa(X)``.
 * **A residual norm of an exactly solvable fit** (eta_nl of a linear map):
   ``n * eps * kappa(X) * ||Y|| / ||Y - X||``.
+* **Float32 states** (what a screen reads): the ``auto`` estimator forms its Gram matrix and
+  products in float32 when that resolves them, so the bounds above hold with eps32 in place of
+  eps64 (``eigenvalue_tolerance(..., eps=EPS32)``).
 
 The bounds hold with margin (measured: observed / bound between 0.002 and 0.4 on AMD EPYC and
 Intel Xeon) and stay many orders of magnitude below any difference a wrong formula would make.
@@ -41,9 +44,10 @@ def condition(M: torch.Tensor) -> float:
     return float(s[0] / s[-1])
 
 
-def eigenvalue_tolerance(n: int, kappa_v: float, kappa_x: float, norm_a: float) -> float:
-    """Bauer-Fike with the least-squares perturbation of A = Y X^+ (see the module docstring)."""
-    return n * EPS64 * kappa_v * kappa_x * norm_a
+def eigenvalue_tolerance(n: int, kappa_v: float, kappa_x: float, norm_a: float, eps: float = EPS64) -> float:
+    """Bauer-Fike with the least-squares perturbation of A = Y X^+ (see the module docstring), its
+    products formed at precision ``eps``."""
+    return n * eps * kappa_v * kappa_x * norm_a
 
 
 def float32_solve_tolerance(n: int, kappa_v: float, norm_a: float) -> float:

@@ -42,6 +42,11 @@ class Subject:
     def n_layers(self) -> int:
         return len(self.blocks)
 
+    @property
+    def streamed(self) -> bool:
+        """Built one block at a time (its weights are made, and freed, during the forward pass)."""
+        return self.load_seconds is not None
+
 
 @dataclass(frozen=True)
 class BuildOptions:
