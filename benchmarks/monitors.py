@@ -140,10 +140,12 @@ def _summary(run: WatchedRun) -> dict[str, Any]:
     return {k: getattr(run, k) for k in keep} | {"first_alarms": run.first_alarms()}
 
 
-def markdown(rows: list[dict[str, Any]]) -> str:
-    def f(value: Any, fmt: str) -> str:
-        return "-" if value is None else format(value, fmt)
+def _cell(value: Any, fmt: str) -> str:
+    """A table cell: the value formatted, or "-" where there is none."""
+    return "-" if value is None else format(value, fmt)
 
+
+def markdown(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| failure | watcher | failed | alarmed before | median lead (steps) | lead / failure step "
         "| false alarms (controls) | overhead @50 |",
@@ -152,8 +154,9 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         lines.append(
             f"| {r['failure']} | {r['watcher']} | {r['failed']}/{r['failing_runs']} | {r['alarmed']} "
-            f"| {f(r['median_lead_steps'], 'g')} | {f(r['median_lead_share'], '.0%')} "
-            f"| {r['false_alarms']}/{r['controls']} | {f(r['overhead_pct'], '.2f')}{'%' if r['overhead_pct'] else ''} |"
+            f"| {_cell(r['median_lead_steps'], 'g')} | {_cell(r['median_lead_share'], '.0%')} "
+            f"| {r['false_alarms']}/{r['controls']} "
+            f"| {_cell(r['overhead_pct'], '.2f')}{'%' if r['overhead_pct'] else ''} |"
         )
     return "\n".join(lines)
 
@@ -164,13 +167,12 @@ def actions_markdown(rows: list[dict[str, Any]]) -> str:
         "| controls acted on | largest control final-loss change | controls' seed sd |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for r in rows:
-        shift, sd = r["control_final_loss_shift_max"], r["control_final_loss_sd"]
+    for r in rows:  # a run of controls alone (--kinds control) has no failing final loss
         lines.append(
             f"| {r['failure']} | {r['policy']} | {r['saved']}/{r['failed_unguarded']} | {r['failed_guarded']} "
-            f"| {r['failing_final_loss']:.2f} / {r['control_final_loss']:.2f} "
-            f"| {r['controls_acted_on']}/{r['controls']} | {'-' if shift is None else f'{shift:+.3f}'} "
-            f"| {'-' if sd is None else f'{sd:.3f}'} |"
+            f"| {_cell(r['failing_final_loss'], '.2f')} / {_cell(r['control_final_loss'], '.2f')} "
+            f"| {r['controls_acted_on']}/{r['controls']} | {_cell(r['control_final_loss_shift_max'], '+.3f')} "
+            f"| {_cell(r['control_final_loss_sd'], '.3f')} |"
         )
     return "\n".join(lines)
 

@@ -363,20 +363,20 @@ def _gram_eigh(
     left = d <= n
     structural = max(0, min(d, n) - (n - 1))  # centring leaves rank <= N - 1
     tries = (Xc.dtype,) if precision in (None, Xc.dtype) else (precision, Xc.dtype)
-    for precision in tries:
-        Xp = Xc.to(precision)
+    for dtype in tries:  # the last, X_c's own precision, is always taken
+        Xp = Xc.to(dtype)
         gram = (Xp @ Xp.T if left else Xp.T @ Xp).to(Xc.dtype)
-        if precision != Xc.dtype and not torch.isfinite(gram).all():  # beyond float32's range
+        if dtype != Xc.dtype and not torch.isfinite(gram).all():  # beyond float32's range
             continue
-        evals, vecs = torch.linalg.eigh(gram)
-        cut = evals[-1] * max(d, n) * torch.finfo(precision).eps
+        evals, vecs = torch.linalg.eigh(gram)  # ascending
+        cut = (evals[-1] if evals.numel() else 0.0) * max(d, n) * torch.finfo(dtype).eps
         if evals.numel() <= structural or evals[structural] > cut:
             break
     evals, vecs = evals.flip(0), vecs.flip(1)  # descending
     if evals.numel() == 0 or evals[0] <= 0:
-        return Xc.new_zeros(0), Xc.new_zeros(d if left else n, 0), left, precision
+        return Xc.new_zeros(0), Xc.new_zeros(d if left else n, 0), left, dtype
     keep = evals > cut
-    return evals[keep].sqrt(), vecs[:, keep], left, precision
+    return evals[keep].sqrt(), vecs[:, keep], left, dtype
 
 
 def subspace_whitening(Xc: torch.Tensor, rank: int, eps: float) -> torch.Tensor:
