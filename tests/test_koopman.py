@@ -5,7 +5,15 @@ import math
 import pytest
 import torch
 
-from rksp_cli.koopman import DMDSettings, _gram_eigh, aggregate, layer_spectrum, spectral_masses, whiten
+from rksp_cli.koopman import (
+    DMDSettings,
+    LayerSpectrum,
+    _gram_eigh,
+    aggregate,
+    layer_spectrum,
+    spectral_masses,
+    whiten,
+)
 from tests.tolerances import (
     EPS32,
     EPS64,
@@ -168,17 +176,24 @@ def test_the_fit_from_gram_products_equals_the_fit_on_whitened_snapshots(d, n):
     # any ResDMD cut makes `auto` whiten the snapshots explicitly; an infinite one keeps every eigenvalue
     direct = layer_spectrum(X, Y, DMDSettings(kappa=True, residual_tol=math.inf))
     assert direct.n_kept == gram.eigenvalues.numel() == min(d, n - 1)
-    kappa_x = condition(X - X.mean(1, keepdim=True))
-    tol = eigenvalue_tolerance(d, direct.kappa, kappa_x, direct.spectral_radius)
-    assert _max_matching_distance(gram.eigenvalues, direct.eigenvalues) < tol
-    # squared norms as differences of Gram terms: round-off relative to ||Y~||^2 <= ||X~||^2 (1 + u)^2
-    u = direct.update_ratio
-    assert gram.update_ratio == pytest.approx(u, rel=n * EPS64 * kappa_x * (1 + u) ** 2 / u**2)
-    if n - 1 > d:
-        scale = (1 + u) ** 2 / (direct.eta_nl * u) ** 2
-        assert gram.eta_nl == pytest.approx(direct.eta_nl, rel=n * EPS64 * kappa_x * scale)
-    else:  # an exact fit: no residual to measure either way
+    _assert_profiles_agree(gram, direct, condition(X - X.mean(1, keepdim=True)), d, n, EPS64)
+    if n - 1 <= d:  # an exact fit: no residual to measure either way
         assert math.isnan(gram.eta_nl) and math.isnan(direct.eta_nl)
+
+
+def _assert_profiles_agree(
+    ours: LayerSpectrum, reference: LayerSpectrum, kappa_x: float, d: int, n: int, eps: float
+) -> None:
+    """Two profiles of the same (d, n) snapshots, one with products at precision ``eps``, agree within
+    first-order bounds: Bauer-Fike for the eigenvalues (``reference`` computed kappa(V)), and for
+    squared norms formed as differences of Gram terms, round-off relative to ||Y~||^2 <= ||X~||^2 (1 + u)^2."""
+    tol = eigenvalue_tolerance(max(d, n), reference.kappa, kappa_x, reference.spectral_radius, eps=eps)
+    assert _max_matching_distance(ours.eigenvalues, reference.eigenvalues) < tol
+    u = reference.update_ratio
+    assert ours.update_ratio == pytest.approx(u, rel=n * eps * kappa_x * (1 + u) ** 2 / u**2)
+    if n - 1 > d:
+        scale = (1 + u) ** 2 / (reference.eta_nl * u) ** 2
+        assert ours.eta_nl == pytest.approx(reference.eta_nl, rel=n * eps * kappa_x * scale)
 
 
 def _precision_taken(X: torch.Tensor) -> torch.dtype:
@@ -198,14 +213,7 @@ def test_float32_states_are_profiled_in_float32_within_its_round_off(d, n):
     double = layer_spectrum(X.double(), Y.double(), DMDSettings(kappa=True))
     assert single.eigenvalues.numel() == double.eigenvalues.numel() == min(d, n - 1)
     Xc = X.double() - X.double().mean(1, keepdim=True)
-    kappa_x = condition(Xc)
-    tol = eigenvalue_tolerance(n, double.kappa, kappa_x, double.spectral_radius, eps=EPS32)
-    assert _max_matching_distance(single.eigenvalues, double.eigenvalues) < tol
-    u = double.update_ratio
-    assert single.update_ratio == pytest.approx(u, rel=n * EPS32 * kappa_x * (1 + u) ** 2 / u**2)
-    if n - 1 > d:
-        scale = (1 + u) ** 2 / (double.eta_nl * u) ** 2
-        assert single.eta_nl == pytest.approx(double.eta_nl, rel=n * EPS32 * kappa_x * scale)
+    _assert_profiles_agree(single, double, condition(Xc), d, n, EPS32)
 
 
 def test_float32_states_float32_cannot_resolve_are_profiled_in_float64():
