@@ -85,7 +85,7 @@ def test_shipped_features_are_what_the_current_estimator_measures(runs, index):
             # float32 states: the products behind eta_nl^2 are formed in float32 (koopman._gram_eigh),
             # each squared norm carrying ~sqrt(N) eps32 relative round-off, and eta_nl^2 is their
             # difference, at least _CANCELLATION_CUT[float32] of the larger (smaller ones are redone
-            # in float64); a layer's eta_nl moves by at most that ratio, an aggregate over layers by
+            # in float64); a layer's eta_nl moves by about that ratio at most, an aggregate over layers by
             # twice the largest layer's move
             moved = math.sqrt(row["config.probe.tokens"]) * EPS32 / _CANCELLATION_CUT[torch.float32]
             assert value == pytest.approx(shipped, abs=2 * moved * row["feature.eta_nl_max"], nan_ok=True), name
