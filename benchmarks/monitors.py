@@ -35,8 +35,10 @@ post_ln_without_warmup --first-seed 12 --kinds control --policies '' --out
 benchmarks/results/monitors-postln-rule3-controls.json``. ``attention_entropy``'s window, z and
 burn-in were chosen on the saved series of deep Post-LN seeds 0-17 and the fault harness's seeds
 0-5, and run once on fresh seeds: ``--failures post_ln_without_warmup --first-seed 18 --policies ''
---out benchmarks/results/monitors-postln-rule4.json``. ``--first-seed 18 --policies ''`` (the default
-``--out``) is the run of every failure under today's code.
+--out benchmarks/results/monitors-postln-rule4.json``, and on a second fresh set, ``--first-seed 24``
+(``--out benchmarks/results/monitors-postln-rule4-fresh.json``). ``--first-seed 18 --policies ''``
+(the default ``--out``) is the run of every failure under today's code. The spike detectors at
+matched false alarms (tuned on these runs' controls): ``benchmarks/matched_detectors.py``.
 """
 
 from __future__ import annotations

@@ -64,3 +64,44 @@ def test_no_detector_fires_on_a_smoothly_falling_loss(detector):
 def test_olmo_skips_on_a_constant_history_as_its_torch_code_does():
     """0/0 is NaN in torch and NaN <= 6 is false, so OLMo-core skips a step after a flat window."""
     assert first_alarm(OlmoSkipStep(), [2.0 + 0.01 * (i % 3) for i in range(64)], [1.0] * 64) == 63
+
+
+def test_matched_setting_stops_at_the_first_false_alarm():
+    """The benchmark at matched false alarms keeps what a team turning the knob down would: the last
+    setting before the first false alarm, not a quieter one past it."""
+    from benchmarks.matched_detectors import matched_setting
+
+    assert matched_setting([0, 0, 1, 3], [10, 5, 2, 1]) == 5
+    assert matched_setting([0, 1, 0, 0], [10, 5, 2, 1]) == 10  # quiet again past a false alarm: not taken
+    assert matched_setting([0, 0], [10, 5]) == 5
+    assert matched_setting([2, 0], [10, 5]) is None
+
+
+def test_matched_comparison_tunes_on_controls_and_judges_held_out_seeds_only():
+    from collections import defaultdict
+
+    from benchmarks.matched_detectors import RKSP, RKSP_QUIET, compare
+
+    olmo = OlmoSkipStep.name
+
+    def run(kind: str, seed: int, failed: int | None = None, **alarms: int) -> dict:
+        return {
+            "failure": "f",
+            "kind": kind,
+            "seed": seed,
+            "failed": failed,
+            "alarms": defaultdict(lambda: None, alarms),
+        }
+
+    runs = [
+        run("control", 0, **{f"{olmo}#1": 300}),  # sigma 50 false-alarms on a tuning control: 100 is kept
+        run("failing", 0, failed=500, **{f"{olmo}#0": 10}),  # a tuning seed's failure is not judged
+        run("failing", 1, failed=1000, **{f"{olmo}#0": 400, RKSP: 200, RKSP_QUIET: 200}),
+        run("failing", 2, failed=1000, **{f"{olmo}#0": 100, RKSP: 600, RKSP_QUIET: 600}),
+        run("control", 1, **{RKSP: 50}),  # the R-Metric's false alarm: rksp's, not the quiet set's
+    ]
+    rows = {r["watcher"]: r for r in compare(runs, held_out={1, 2})}
+    assert rows[olmo]["setting"] == 100 and rows[olmo]["alarmed"] == 2 and rows[olmo]["median_lead_steps"] == 750
+    assert rows[olmo]["rksp_earlier"] == 1 and rows[olmo]["false_alarms"] == 0
+    assert rows[RKSP]["false_alarms"] == 1 and rows[RKSP_QUIET]["false_alarms"] == 0
+    assert rows[RKSP]["earlier_than_every_matched_detector"] == 1
