@@ -80,7 +80,7 @@ bench-monitors: install
 	$(BIN)/python benchmarks/monitors.py
 
 # The spike detectors tuned to the tuning seeds' controls, judged on held-out seeds beside rksp's
-# monitors: a replay of bench-monitors' saved runs, no training (about 4 minutes on 2 cores).
+# monitors: a replay of bench-monitors' saved runs, no training (about 5 minutes on 2 cores).
 bench-monitors-matched: install
 	$(BIN)/python benchmarks/matched_detectors.py
 
