@@ -95,27 +95,25 @@ def _lead(run: dict[str, Any], watcher: str) -> int | None:
 def _judge(failing: list[dict[str, Any]], controls: list[dict[str, Any]], watcher: str) -> dict[str, Any]:
     """One watcher's figures on the held-out runs."""
     failed = [r for r in failing if r["failed"] is not None]
-    caught = [r for r in failed if _lead(r, watcher) is not None]
-    leads = [_lead(r, watcher) for r in caught]
+    leads = [(lead, r["failed"]) for r in failed if (lead := _lead(r, watcher)) is not None]
     return {
         "failed": len(failed),
-        "alarmed": len(caught),
-        "median_lead_steps": statistics.median(leads) if leads else None,
-        "median_lead_share": statistics.median(_lead(r, watcher) / max(r["failed"], 1) for r in caught)
-        if caught
-        else None,
+        "alarmed": len(leads),
+        "median_lead_steps": statistics.median(lead for lead, _ in leads) if leads else None,
+        "median_lead_share": statistics.median(lead / max(at, 1) for lead, at in leads) if leads else None,
         "controls": len(controls),
         "false_alarms": sum(r["alarms"][watcher] is not None for r in controls),
     }
 
 
+def _before(run: dict[str, Any], first: str, then: str) -> bool:
+    """``first`` alarmed before the run failed, and before ``then`` (or ``then`` never did)."""
+    return _lead(run, first) is not None and (_lead(run, then) is None or run["alarms"][first] < run["alarms"][then])
+
+
 def _earlier(failing: list[dict[str, Any]], first: str, then: str) -> int:
-    """Failures on which ``first`` alarmed before failing and before ``then`` (or ``then`` never did)."""
-    return sum(
-        _lead(r, first) is not None and (_lead(r, then) is None or r["alarms"][first] < r["alarms"][then])
-        for r in failing
-        if r["failed"] is not None
-    )
+    """Failures on which ``first`` alarmed before ``then`` (``_before``)."""
+    return sum(_before(r, first, then) for r in failing)
 
 
 def compare(runs: list[dict[str, Any]], held_out: set[int]) -> list[dict[str, Any]]:
@@ -152,7 +150,7 @@ def compare(runs: list[dict[str, Any]], held_out: set[int]) -> list[dict[str, An
                 }
             rows.append(row)
         for rksp in (RKSP, RKSP_QUIET):
-            ahead = [r for r in failing if _lead(r, rksp) is not None and all(_earlier([r], rksp, k) for k in matched)]
+            ahead = [r for r in failing if _lead(r, rksp) is not None and all(_before(r, rksp, k) for k in matched)]
             rows.append({
                 "failure": failure, "watcher": rksp, "setting": None, **_judge(failing, controls, rksp),
                 "earlier_than_every_matched_detector": len(ahead),
@@ -190,9 +188,10 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 def _seeds(text: str) -> set[int]:
     """'18-29' or '18': the seeds as a set (an argparse type: a bad range is a usage error)."""
     first, _, last = text.partition("-")
-    if not first.isdigit() or not (last or first).isdigit() or int(last or first) < int(first):
+    last = last or first
+    if not (first.isdigit() and last.isdigit()) or int(last) < int(first):
         raise argparse.ArgumentTypeError(f"{text!r} is not a seed range such as 18-29")
-    return set(range(int(first), int(last or first) + 1))
+    return set(range(int(first), int(last) + 1))
 
 
 def main() -> None:
@@ -203,14 +202,13 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="runs replayed at a time")
     parser.add_argument("--out", type=Path, default=RESULTS, help="results JSON")
     args = parser.parse_args()
-    held_out = args.held_out
     paths = sorted(p for p in RUNS.glob("*.json") if NAME.fullmatch(p.name))  # unguarded runs only
     if not paths:
         raise SystemExit(f"no saved runs under {RUNS}: run benchmarks/monitors.py first")
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
         runs = list(pool.map(_replay, paths))
-    rows = compare(runs, held_out)
-    results = {"held_out_seeds": sorted(held_out), "runs": len(runs), "rows": rows}
+    rows = compare(runs, args.held_out)
+    results = {"held_out_seeds": sorted(args.held_out), "runs": len(runs), "rows": rows}
     with atomic_path(args.out) as tmp:
         tmp.write_text(json.dumps(results, indent=1))
     print(markdown(rows))
