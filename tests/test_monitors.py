@@ -16,7 +16,7 @@ from rksp_cli.monitors import Monitor
 from rksp_cli.monitors.attention_entropy import AttentionSpectralEntropy, delta2_entropy, find_attention
 from rksp_cli.monitors.base import MAD_TO_SIGMA, RobustDrift
 from rksp_cli.monitors.faults import FaultJob, run_fault
-from rksp_cli.monitors.r_metric import RMetric
+from rksp_cli.monitors.r_metric import WEIGHTS, RMetric
 from rksp_cli.monitors.router import router_stats
 from rksp_cli.monitors.spectral_alignment import SpectralAlignment, sign_entropy
 from rksp_cli.watch import read_log
@@ -155,6 +155,45 @@ def test_robust_r_metric_alarms_on_the_loss_alone_from_z_9_8(z, alarms):
     jump = scoring(metric.drift["dloss"], z)  # the dL that scores exactly z
     _, alerts = metric.check(40, statistics.fmean(metric.losses) + jump)
     assert bool(alerts) == alarms
+
+
+def _gradient_variance(model: nn.Linear, value: float) -> None:
+    """Gradients whose per-tensor norms have variance ``value`` (weight 4g, bias 0: variance 4g^2)."""
+    model.weight.grad = torch.full_like(model.weight, math.sqrt(value / 4))
+    model.bias.grad = torch.zeros_like(model.bias)
+
+
+@pytest.mark.parametrize(("burst", "alarms"), [(10.0, False), (1e6, True)])
+def test_robust_r_metric_scores_the_gradient_variance_by_factors(burst, alarms):
+    """Healthy deep runs' sigma2 swings 10x between checks. On a linear scale such a burst saturated
+    its term (0.45), and a loss wiggle of z 2-5 (0.70 z / 12) then crossed 0.57: the R-Metric's
+    false alarms on 5 of 30 healthy deep runs. By factors the burst is a couple of sd."""
+    model = nn.Linear(4, 4)
+    metric = RMetric(model)
+    noise = [1.0, 3.0, 0.5, 2.0, 0.3, 1.5, 0.7]  # multiplicative, as the deep runs' sigma2
+    for t in range(60):
+        _gradient_variance(model, 1e-3 * noise[t % len(noise)])
+        assert not metric.check(t, 3.0 + 0.01 * ((7 * t) % 5))[1]
+    _gradient_variance(model, 1e-3 * burst)
+    wiggle = scoring(metric.drift["dloss"], 3.0)
+    metrics, alerts = metric.check(60, statistics.fmean(metric.losses) + wiggle)
+    assert metrics["r_sigma2"] == pytest.approx(1e-3 * burst, rel=1e-5)  # logged as measured, not as its log
+    assert bool(alerts) == alarms
+
+
+def test_r_metric_rescored_from_its_logged_components_alarms_where_it_did():
+    """``RMetric.score`` fed a run's logged r_* metrics gives the alarms ``check`` gave: what lets a
+    saved run be rescored after a change of the rule."""
+    model = nn.Linear(4, 4)
+    watched, rescored = RMetric(model), RMetric(nn.Module())
+    logged, alarms = [], []
+    for t in range(80):
+        _gradient_variance(model, 1e-3 * (1 + t % 3) * (1e6 if t == 70 else 1))
+        metrics, alerts = watched.check(t, 3.0 + 0.01 * ((7 * t) % 5) + (2.0 if t == 70 else 0.0))
+        logged.append(metrics)
+        alarms += [a.step for a in alerts]
+    again = [t for t, m in enumerate(logged) if rescored.score(t, {k: m[f"r_{k}"] for k in WEIGHTS})[1]]
+    assert 70 in alarms and again == alarms
 
 
 GPT_MONITORS = ["spectral_alignment", "attention_entropy", "attention_logits", "output_logits"]

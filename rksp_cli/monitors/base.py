@@ -93,10 +93,22 @@ class RobustDrift:
     doubles as a warm-up blackout; the first ``burn_in`` values are dropped unscored, so that early
     training's fast changes never become the baseline; the MAD is floored at ``floor`` x |median| so
     that a signal that has been flat to the last digit does not turn a rounding wiggle into a huge z.
+    With ``log`` a positive signal is scored as log(value), for one whose ordinary noise is
+    multiplicative (a variance that swings 10x between healthy checks): a burst then scores by how
+    many times the signal grew, not by how far it moved against a spread set by its small values,
+    and ``floor`` stays 1% of the value (in log units).
     """
 
-    def __init__(self, direction: int, window: int = 100, min_history: int = 10, floor: float = 0.01, burn_in: int = 0):
-        self.direction, self.min_history, self.floor = direction, min_history, floor
+    def __init__(
+        self,
+        direction: int,
+        window: int = 100,
+        min_history: int = 10,
+        floor: float = 0.01,
+        burn_in: int = 0,
+        log: bool = False,
+    ):
+        self.direction, self.min_history, self.floor, self.log = direction, min_history, floor, log
         self.history: deque[float] = deque(maxlen=window)
         self.burn_in = burn_in
 
@@ -104,11 +116,14 @@ class RobustDrift:
         if self.burn_in > 0:
             self.burn_in -= 1
             return None
+        if self.log:
+            value = math.log(max(value, sys.float_info.min))  # an exact 0: far below any positive value
         z = None
         if len(self.history) >= self.min_history:
             median = statistics.median(self.history)
             mad = statistics.median(abs(v - median) for v in self.history)
-            scale = MAD_TO_SIGMA * max(mad, self.floor * abs(median), 1e-12)
+            floor = self.floor if self.log else self.floor * abs(median)
+            scale = MAD_TO_SIGMA * max(mad, floor, 1e-12)
             z = self.direction * (value - median) / scale
         self.history.append(value)
         return z
