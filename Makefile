@@ -74,8 +74,9 @@ bench-faults: install
 
 # Issue 16: the monitors and four spike detectors on natural slow failures and their controls
 # (6 seeds each), then each guard policy on the same runs, two runs at a time, resumable
-# (benchmarks/results/monitors/). About 4.5 hours on 2 cores: the two width-64 failures take 35
-# minutes (96 runs of about a minute), deep Post-LN about 4 hours (48 runs of up to 10 minutes).
+# (benchmarks/results/monitors/). About 6.5 hours on 2 cores: the two width-64 failures take 35
+# minutes (96 runs of about a minute), deep Post-LN about 6 hours (72 runs of up to 10 minutes:
+# its failing runs and two kinds of control, Pre-LN and Post-LN at a third of the lr).
 bench-monitors: install
 	$(BIN)/python benchmarks/monitors.py
 

@@ -38,7 +38,7 @@ from typing import Any
 from torch import nn
 
 from rksp_cli.files import atomic_path
-from rksp_cli.monitors.failures import WatchedRun, monitor_code
+from rksp_cli.monitors.failures import WatchedRun, by_kind, monitor_code
 from rksp_cli.monitors.r_metric import WEIGHTS, RMetric
 from rksp_cli.monitors.spike_detectors import (
     FoundryKillLossSpike,
@@ -64,7 +64,7 @@ KNOBS: dict[type, tuple[str, float, list[float]]] = {
 # whose false alarms on healthy deep runs, before it scored its gradient variance by factors, asked
 # for the comparison; the others' alarms do not depend on it
 RKSP, RKSP_QUIET = "rksp (first alarm of any monitor, as shipped)", "rksp without the R-Metric"
-NAME = re.compile(r"(?P<failure>[a-z_0-9]+)-(?P<kind>failing|control)-(?P<seed>\d+)\.json")
+NAME = re.compile(r"(?P<failure>[a-z_0-9]+)-(?P<kind>failing|control[a-z_0-9]*)-(?P<seed>\d+)\.json")
 
 
 def matched_setting(false_alarms: Sequence[int], settings: Sequence[float]) -> float | None:
@@ -127,6 +127,11 @@ def _judge(failing: list[dict[str, Any]], controls: list[dict[str, Any]], watche
         "median_lead_share": statistics.median(lead / max(at, 1) for lead, at in leads) if leads else None,
         "controls": len(controls),
         "false_alarms": sum(r["alarms"][watcher] is not None for r in controls),
+        "false_alarms_by_control": {
+            kind: f"{sum(r['alarms'][watcher] is not None for r in mine)}/{len(mine)}"
+            for kind in dict.fromkeys(r["kind"] for r in controls)
+            if (mine := [r for r in controls if r["kind"] == kind])
+        },
     }
 
 
@@ -148,9 +153,9 @@ def compare(runs: list[dict[str, Any]], held_out: set[int]) -> list[dict[str, An
     rows = []
     for failure in dict.fromkeys(r["failure"] for r in runs):
         mine = [r for r in runs if r["failure"] == failure]
-        tuning = [r for r in mine if r["kind"] == "control" and r["seed"] not in held_out]
+        tuning = [r for r in mine if r["kind"] != "failing" and r["seed"] not in held_out]
         failing = [r for r in mine if r["kind"] == "failing" and r["seed"] in held_out]
-        controls = [r for r in mine if r["kind"] == "control" and r["seed"] in held_out]
+        controls = [r for r in mine if r["kind"] != "failing" and r["seed"] in held_out]
         if not tuning or not failing:
             continue
         matched = []  # each detector's key at its matched setting
@@ -200,7 +205,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
                 f"{r['tuning_controls']}/{r['tuning_controls']}" if tuned else "-",
                 f"{r['alarmed']}/{r['failed']}",
                 "-" if lead is None else f"{lead:g} ({r['median_lead_share']:.0%})",
-                f"{r['false_alarms']}/{r['controls']}",
+                f"{r['false_alarms']}/{r['controls']}{by_kind(r['false_alarms_by_control'])}",
                 f"{r['rksp_earlier']}/{r['failed']} ({r['quiet_earlier']}/{r['failed']})"
                 if tuned
                 else f"{r['earlier_than_every_matched_detector']}/{r['failed']}",

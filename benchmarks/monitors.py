@@ -16,9 +16,9 @@ Each run is saved as JSON under benchmarks/results/monitors/ as it finishes, so 
 a run saved under other monitor code (``monitor_code``: an alarm rule changed) is run again.
 Writes benchmarks/results/monitors.json and prints Markdown.
 Run: python benchmarks/monitors.py [--failures a,b] [--seeds 6] [--workers 2] [--threads N]
-[--policies skip,backoff,rollback] [--kinds failing,control] (make bench-monitors; about 4.5
-hours on 2 cores, two runs at a time: 35 minutes for the two width-64 failures, about 4 hours for
-deep Post-LN's 48 runs of up to 5000 steps). The alarm rules of ``attention_logits`` and
+[--policies skip,backoff,rollback] [--kinds failing,control,...] (make bench-monitors; about 6.5
+hours on 2 cores, two runs at a time: 35 minutes for the two width-64 failures, about 6 hours for
+deep Post-LN's 72 runs of up to 5000 steps, with its two kinds of control). The alarm rules of ``attention_logits`` and
 ``output_logits`` were chosen on seeds 0-5 and checked on seeds 6-11 (``--first-seed 6 --policies '' --out
 benchmarks/results/monitors-heldout.json``); the shorter warm-up those runs called for was checked
 on seeds 12-17, run once after it was fixed (``--first-seed 12 --policies '' --out
@@ -65,6 +65,7 @@ from rksp_cli.monitors.failures import (
     DEFAULT_EVERY,
     FAILURES,
     WatchedRun,
+    by_kind,
     head_to_head,
     monitor_code,
     watch_run,
@@ -124,7 +125,7 @@ def actions(watched: list[WatchedRun], guarded: list[WatchedRun]) -> list[dict[s
     for failure, policy in dict.fromkeys((r.failure, r.policy) for r in guarded):
         runs = [r for r in guarded if r.failure == failure and r.policy == policy]
         failing = [(plain[(r.failure, r.kind, r.seed)], r) for r in runs if r.kind == "failing"]
-        controls = [(plain[(r.failure, r.kind, r.seed)], r) for r in runs if r.kind == "control"]
+        controls = [(plain[(r.failure, r.kind, r.seed)], r) for r in runs if r.kind != "failing"]
         shifts = [g.final_loss - p.final_loss for p, g in controls]
         rows.append({
             "failure": failure, "policy": policy,
@@ -135,7 +136,12 @@ def actions(watched: list[WatchedRun], guarded: list[WatchedRun]) -> list[dict[s
             "control_final_loss": statistics.median(p.final_loss for p, _ in controls) if controls else None,
             "controls": len(controls), "controls_acted_on": sum(bool(g.actions) for _, g in controls),
             "control_final_loss_shift_max": max(shifts, key=abs) if shifts else None,
-            "control_final_loss_sd": statistics.stdev(p.final_loss for p, _ in controls) if len(controls) > 1 else None,
+            # the seed-to-seed spread within each kind of control (Pre-LN and Post-LN end apart)
+            "control_final_loss_sd": {
+                kind: statistics.stdev(losses)
+                for kind in dict.fromkeys(p.kind for p, _ in controls)
+                if len(losses := [p.final_loss for p, _ in controls if p.kind == kind]) > 1
+            },
         })  # fmt: skip
     return rows
 
@@ -160,7 +166,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         lines.append(
             f"| {r['failure']} | {r['watcher']} | {r['failed']}/{r['failing_runs']} | {r['alarmed']} "
             f"| {_cell(r['median_lead_steps'], 'g')} | {_cell(r['median_lead_share'], '.0%')} "
-            f"| {r['false_alarms']}/{r['controls']} "
+            f"| {r['false_alarms']}/{r['controls']}{by_kind(r['false_alarms_by_control'])} "
             f"| {_cell(r['overhead_pct'], '.2f')}{'%' if r['overhead_pct'] else ''} |"
         )
     return "\n".join(lines)
@@ -177,7 +183,7 @@ def actions_markdown(rows: list[dict[str, Any]]) -> str:
             f"| {r['failure']} | {r['policy']} | {r['saved']}/{r['failed_unguarded']} | {r['failed_guarded']} "
             f"| {_cell(r['failing_final_loss'], '.2f')} / {_cell(r['control_final_loss'], '.2f')} "
             f"| {r['controls_acted_on']}/{r['controls']} | {_cell(r['control_final_loss_shift_max'], '+.3f')} "
-            f"| {_cell(r['control_final_loss_sd'], '.3f')} |"
+            f"| {', '.join(f'{sd:.3f}' for sd in r['control_final_loss_sd'].values()) or '-'} |"
         )
     return "\n".join(lines)
 
@@ -196,7 +202,10 @@ def main() -> None:
     )
     parser.add_argument("--policies", default=",".join(POLICIES), help="guard policies to measure; '' for none")
     parser.add_argument(
-        "--kinds", default="failing,control", help="which runs: 'control' alone checks false alarms on fresh seeds"
+        "--kinds",
+        default="",
+        help="which runs, comma-separated: failing, control, control_low_lr (deep Post-LN); "
+        "default: every kind a failure has. Controls alone check false alarms on fresh seeds",
     )
     args = parser.parse_args()
     names = args.failures.split(",")
@@ -206,10 +215,12 @@ def main() -> None:
     if unknown := set(policies) - set(POLICIES):
         raise SystemExit(f"--policies: unknown {sorted(unknown)}; choose from {', '.join(POLICIES)}")
     seeds = range(args.first_seed, args.first_seed + args.seeds)
-    kinds = [k for k in args.kinds.split(",") if k]
-    if not kinds or set(kinds) - {"failing", "control"}:
-        raise SystemExit(f"--kinds: {args.kinds!r}; choose failing, control or both")
-    cells = [(n, k, s) for n in names for s in seeds for k in kinds]  # pairs first
+    known = {k for n in names for k in FAILURES[n].kinds}
+    kinds = [k for k in args.kinds.split(",") if k] or sorted(known)
+    if unknown := set(kinds) - known:
+        raise SystemExit(f"--kinds: unknown {sorted(unknown)}; choose from {', '.join(sorted(known))}")
+    # a failing run beside its controls, seed by seed
+    cells = [(n, k, s) for n in names for s in seeds for k in FAILURES[n].kinds if k in kinds]
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.workers)
     runs = run_all([(*c, None) for c in cells], args.workers, threads)
     guarded = run_all([(*c, p) for p in policies for c in cells], args.workers, threads) if policies else []

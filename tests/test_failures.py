@@ -119,10 +119,12 @@ def test_head_to_head_counts_leads_before_the_failure_and_false_alarms_on_contro
         _run("failing", {"m": 350}, exploded=300),  # alarmed after the failure: no lead
         _run("control", {}, None),
         _run("control", {"m": 10}, None),  # a false alarm
+        _run("control_low_lr", {"m": 20}, None),  # one on a control of the failing architecture
     ]
     rows = {r["watcher"]: r for r in head_to_head(runs)}
     m = rows["m"]
-    assert (m["failed"], m["alarmed"], m["median_lead_steps"], m["false_alarms"]) == (2, 1, 200, 1)
+    assert (m["failed"], m["alarmed"], m["median_lead_steps"], m["false_alarms"]) == (2, 1, 200, 2)
+    assert m["false_alarms_by_control"] == {"control": "1/2", "control_low_lr": "1/1"}
     assert m["median_lead_share"] == pytest.approx(200 / 300) and m["rksp"]
     assert m["overhead_pct"] == pytest.approx(100 * 0.0001 / (50 * 0.01))
     megatron = rows["Megatron-LM spiky loss"]  # fires on the non-finite loss: lead 0
@@ -301,7 +303,7 @@ def test_watch_run_trains_a_failure_s_spec_with_its_fault_and_guard():
     from rksp_cli.monitors.failures import Failure, watch_run
 
     short = {"training.steps": 30, "training.warmup_steps": 0, "model.n_layers": 1, "training.lr": 0.01}
-    failure = Failure("tiny", "test", failing=short, control=short, low_precision_bits=3)
+    failure = Failure("tiny", "test", failing=short, controls={"control": short}, low_precision_bits=3)
     failing = watch_run(failure, "failing", seed=0, every=5, policy="backoff")
     control = watch_run(failure, "control", seed=0, every=5)
     assert len(failing.losses) == len(control.losses) == 30 and failing.policy == "backoff"
@@ -321,11 +323,26 @@ def test_every_failure_s_control_is_the_same_run_with_one_change():
     from rksp_cli.monitors.failures import FAILURES
 
     for failure in FAILURES.values():
-        failing, control = failure.spec("failing", 0), failure.spec("control", 0)
-        assert failing.training.steps == control.training.steps, failure.name
-        fields = failure.failing.keys() | failure.control.keys()
-        changed = {k for k in fields if failure.failing.get(k) != failure.control.get(k)}
-        assert len(changed) + bool(failure.low_precision_bits) == 1, (failure.name, changed)
+        assert failure.kinds[0] == "failing" and "control" in failure.kinds
+        for kind, changes in failure.controls.items():
+            failing, control = failure.spec("failing", 0), failure.spec(kind, 0)
+            assert failing.training.steps == control.training.steps, (failure.name, kind)
+            fields = failure.failing.keys() | changes.keys()
+            changed = {k for k in fields if failure.failing.get(k) != changes.get(k)}
+            assert len(changed) + bool(failure.low_precision_bits) == 1, (failure.name, kind, changed)
+
+
+def test_a_control_that_changes_the_architecture_has_one_that_keeps_it():
+    """Deep Post-LN's first control is Pre-LN: its second keeps Post-LN and lowers the lr alone, so that
+    false alarms are counted on healthy runs of the failing architecture too."""
+    from rksp_cli.monitors.failures import FAILURES
+
+    post_ln = FAILURES["post_ln_without_warmup"]
+    same = post_ln.spec("control_low_lr", 0)
+    assert same.model.norm == post_ln.spec("failing", 0).model.norm == "post"
+    assert same.training.lr < post_ln.spec("failing", 0).training.lr
+    with pytest.raises(ValueError, match="control_low_lr"):
+        FAILURES["attention_logit_growth"].spec("control_low_lr", 0)  # only where the control changes the norm
 
 
 def test_monitor_code_ignores_docstrings_and_comments_but_not_a_changed_rule(tmp_path):

@@ -1,6 +1,7 @@
 """The re-implemented spike detectors fire exactly where their documented rules say, and not before."""
 
 import math
+from collections import defaultdict
 
 import numpy as np
 import pytest
@@ -77,22 +78,15 @@ def test_matched_setting_stops_at_the_first_false_alarm():
     assert matched_setting([2, 0], [10, 5]) is None
 
 
-def test_matched_comparison_tunes_on_controls_and_judges_held_out_seeds_only():
-    from collections import defaultdict
+def run(kind: str, seed: int, failed: int | None = None, **alarms: int) -> dict:
+    """A replayed run as ``matched_detectors.compare`` reads it: first alarms by watcher key."""
+    return {"failure": "f", "kind": kind, "seed": seed, "failed": failed, "alarms": defaultdict(lambda: None, alarms)}
 
+
+def test_matched_comparison_tunes_on_controls_and_judges_held_out_seeds_only():
     from benchmarks.matched_detectors import RKSP, RKSP_QUIET, compare
 
     olmo = OlmoSkipStep.name
-
-    def run(kind: str, seed: int, failed: int | None = None, **alarms: int) -> dict:
-        return {
-            "failure": "f",
-            "kind": kind,
-            "seed": seed,
-            "failed": failed,
-            "alarms": defaultdict(lambda: None, alarms),
-        }
-
     runs = [
         run("control", 0, **{f"{olmo}#1": 300}),  # sigma 50 false-alarms on a tuning control: 100 is kept
         run("failing", 0, failed=500, **{f"{olmo}#0": 10}),  # a tuning seed's failure is not judged
@@ -105,3 +99,22 @@ def test_matched_comparison_tunes_on_controls_and_judges_held_out_seeds_only():
     assert rows[olmo]["rksp_earlier"] == 1 and rows[olmo]["false_alarms"] == 0
     assert rows[RKSP]["false_alarms"] == 1 and rows[RKSP_QUIET]["false_alarms"] == 0
     assert rows[RKSP]["earlier_than_every_matched_detector"] == 1
+
+
+def test_matched_comparison_tunes_and_judges_on_every_kind_of_control():
+    """A detector is tuned quiet on healthy runs of the failing architecture too (deep Post-LN's
+    ``control_low_lr``), and its false alarms are counted per kind of control."""
+    from benchmarks.matched_detectors import RKSP, compare
+
+    olmo = OlmoSkipStep.name
+    runs = [
+        run("control", 0),
+        run("control_low_lr", 0, **{f"{olmo}#0": 800}),  # sigma 100 fires on a healthy run of the same architecture
+        run("failing", 1, failed=1000, **{f"{olmo}#0": 100, RKSP: 600}),
+        run("control", 1),
+        run("control_low_lr", 1, **{RKSP: 700}),
+    ]
+    rows = {r["watcher"]: r for r in compare(runs, held_out={1})}
+    assert rows[olmo]["setting"] is None and rows[olmo]["tuning_controls"] == 2  # no setting stays quiet
+    assert rows[RKSP]["false_alarms_by_control"] == {"control": "0/1", "control_low_lr": "1/1"}
+    assert rows[RKSP]["earlier_than_every_matched_detector"] == 1  # no detector left to beat

@@ -4,8 +4,10 @@ by the spike detectors teams already run (issue 16).
 Unlike ``faults`` (a fault switched on at a known step), nothing here is injected at a step: each
 failure is a training configuration from the literature that drifts into instability on its own,
 and its control is the same model, for the same number of steps, with the one change that keeps
-it healthy. Both run through ``rksp probe``'s training loop (same optimizer, schedule and label),
-with a ``Monitor`` watching every step.
+it healthy. All run through ``rksp probe``'s training loop (same optimizer, schedule and label),
+with a ``Monitor`` watching every step. Where that one change is the architecture (deep Post-LN's
+control is Pre-LN), a second control keeps the failing run's architecture and changes the lr: an
+alarm that only tells the two architectures apart would otherwise pass for a warning.
 
 When a run failed. Two events, whichever comes first:
 
@@ -60,8 +62,11 @@ BASE: dict[str, Any] = {  # small enough for thousands of CPU steps (about 20 ms
 }
 # Deep Post-LN: 12 blocks at width 128, 2x BASE's width and 6x its depth (about 85 ms a step on two
 # threads). At width 64 Post-LN either trains or never leaves chance; at 128, lr 0.003, without
-# warmup, it learns for thousands of steps and then fails. Its control is Pre-LN, Xiong et al.'s
-# comparison, not a warmup: a 1000-step warmup did not save it (3 of 3 runs failed, steps 3013-4030).
+# warmup, it learns for thousands of steps and then fails (every one of 30 seeds within 10,000
+# steps). Its first control is Pre-LN, Xiong et al.'s comparison, not a warmup: a 1000-step warmup
+# did not save it (3 of 3 runs failed, steps 3013-4030). Its second is Post-LN at a third of the
+# lr, which trained for 10,000 steps without failing (seed 0; so did half the lr), so that an
+# alarm must tell a failing Post-LN run from a healthy one, not Post-LN from Pre-LN.
 POST_LN = {
     "model.d_model": 128, "model.n_layers": 12, "training.lr": 0.003, "training.warmup_steps": 0, "training.steps": 5000
 }  # fmt: skip
@@ -72,12 +77,21 @@ class Failure:
     name: str
     source: str  # where the literature describes it
     failing: dict[str, Any]  # changes to BASE that make it fail
-    control: dict[str, Any]  # changes to BASE that keep it healthy
+    # changes to BASE that keep it healthy, by run kind: "control", and where that changes the
+    # architecture, a control of the failing run's own architecture ("control_low_lr")
+    controls: dict[str, dict[str, Any]]
     low_precision_bits: int = 0  # > 0: attention with biased rounding to this many mantissa bits (faults.py)
 
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The runs this failure has: "failing", then its controls."""
+        return ("failing", *self.controls)
+
     def spec(self, kind: str, seed: int) -> ScreenSpec:
+        if kind not in self.kinds:
+            raise ValueError(f"kind must be one of {', '.join(self.kinds)} for {self.name}, got {kind!r}")
         raw = copy.deepcopy(BASE)
-        for name, value in {**(self.failing if kind == "failing" else self.control), "probe.seed": seed}.items():
+        for name, value in {**(self.failing if kind == "failing" else self.controls[kind]), "probe.seed": seed}.items():
             set_field(raw, name, value)
         return spec_from_dict(raw, source=f"failure {self.name} ({kind})")
 
@@ -89,21 +103,24 @@ FAILURES = {
             "attention_logit_growth",
             "Wortsman et al. 2023 (arXiv 2309.14322); Zhai et al. 2023 (arXiv 2303.06296)",
             failing={"training.lr": 0.1},
-            control={"training.lr": 0.01},
+            controls={"control": {"training.lr": 0.01}},
         ),
         Failure(
             "low_precision_attention",
             "biased rounding in low-precision attention (faults.py; the tied-maximum rounding bias of BF16 "
             "flash attention)",
             failing={"training.lr": 0.01},
-            control={"training.lr": 0.01},
+            controls={"control": {"training.lr": 0.01}},
             low_precision_bits=3,
         ),
         Failure(
             "post_ln_without_warmup",
             "Xiong et al. 2020 (arXiv 2002.04745); Liu et al. 2020 (arXiv 2004.08249)",
             failing={**POST_LN, "model.norm": "post"},
-            control={**POST_LN, "model.norm": "pre"},
+            controls={
+                "control": {**POST_LN, "model.norm": "pre"},
+                "control_low_lr": {**POST_LN, "model.norm": "post", "training.lr": 0.001},
+            },
         ),
     )
 }
@@ -112,7 +129,7 @@ FAILURES = {
 @dataclass
 class WatchedRun:
     failure: str
-    kind: str  # "failing" or "control"
+    kind: str  # "failing", or a control's kind ("control", "control_low_lr")
     seed: int
     steps: int  # planned
     losses: list[float]
@@ -219,8 +236,6 @@ def watch_run(
 ) -> WatchedRun:
     """Train one failing or control run of ``failure`` with every monitor checking each ``every``
     steps; with ``policy`` (``guard.POLICIES``) their alarms also act on the run."""
-    if kind not in ("failing", "control"):
-        raise ValueError(f"kind must be 'failing' or 'control', got {kind!r}")
     spec = failure.spec(kind, seed)
     made: dict[str, Any] = {}
 
@@ -266,14 +281,21 @@ def watch_run(
     )
 
 
+def by_kind(counts: dict[str, str]) -> str:
+    """False alarms per kind of control, for a table cell, where a failure has more than one kind:
+    " (control 0/6, control_low_lr 1/6)"; "" otherwise."""
+    return f" ({', '.join(f'{kind} {n}' for kind, n in counts.items())})" if len(counts) > 1 else ""
+
+
 def head_to_head(runs: list[WatchedRun]) -> list[dict[str, Any]]:
     """Per failure and watcher: failing runs that failed, how many the watcher alarmed on before the
     failure, its median lead (steps, and as a share of the step it failed at), how often it was the
-    earliest watcher, its false alarms on the controls, and its overhead at the default interval."""
+    earliest watcher, its false alarms on the controls (in all and by kind of control), and its
+    overhead at the default interval."""
     rows = []
     for name in dict.fromkeys(r.failure for r in runs):
         failing = [r for r in runs if r.failure == name and r.kind == "failing"]
-        controls = [r for r in runs if r.failure == name and r.kind == "control"]
+        controls = [r for r in runs if r.failure == name and r.kind != "failing"]
         failed = [r for r in failing if r.failed_step is not None]
         first = {id(r): r.first_alarms() for r in failing + controls}  # each detector replays the whole run
         watchers = list(dict.fromkeys(w for r in failing + controls for w in first[id(r)]))
@@ -298,6 +320,11 @@ def head_to_head(runs: list[WatchedRun]) -> list[dict[str, Any]]:
                 "run_length": failing[0].steps if failing else None,
                 "controls": len(controls),
                 "false_alarms": sum(first[id(r)].get(watcher) is not None for r in controls),
+                "false_alarms_by_control": {
+                    kind: f"{sum(first[id(r)].get(watcher) is not None for r in mine)}/{len(mine)}"
+                    for kind in dict.fromkeys(r.kind for r in controls)
+                    if (mine := [r for r in controls if r.kind == kind])
+                },
                 "overhead_pct": statistics.median(overhead) if overhead else None,
             })  # fmt: skip
     return rows
