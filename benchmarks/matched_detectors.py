@@ -60,10 +60,12 @@ KNOBS: dict[type, tuple[str, float, list[float]]] = {
     FoundryKillLossSpike: ("outlier_multiplier", 2.0, [2.0, 1.5, 1.3, 1.2, 1.15, 1.1, 1.07, 1.05, 1.03, 1.02, 1.01]),
     MegatronSpikyLoss: ("factor", 10.0, [10.0, 5.0, 3.0, 2.0, 1.5, 1.3, 1.2, 1.1, 1.05, 1.02, 1.0]),
 }
-# rksp's first alarm of any monitor as shipped, and without the R-Metric (``Monitor(monitors=...)``),
-# whose false alarms on healthy deep runs, before it scored its gradient variance by factors, asked
-# for the comparison; the others' alarms do not depend on it
-RKSP, RKSP_QUIET = "rksp (first alarm of any monitor, as shipped)", "rksp without the R-Metric"
+# rksp's first alarm of any monitor as shipped, and as a guard with one monitor left out
+# (``Monitor(monitors=[...])``): the R-Metric, whose false alarms on healthy deep runs asked for it
+# before it scored its gradient variance by factors, and spectral_alignment, which alarms on
+# healthy Post-LN runs (deep Post-LN's low-lr control)
+RKSP = "rksp (first alarm of any monitor, as shipped)"
+WITHOUT = {"rksp without the R-Metric": "r_metric", "rksp without spectral_alignment": "spectral_alignment"}
 NAME = re.compile(r"(?P<failure>[a-z_0-9]+)-(?P<kind>failing|control[a-z_0-9]*)-(?P<seed>\d+)\.json")
 
 
@@ -91,7 +93,7 @@ def r_metric_alarm(run: WatchedRun) -> int | None:
 
 
 def _replay(path: Path) -> dict[str, Any]:
-    """One saved run: its failure step and first alarms, rksp's (``RKSP``, ``RKSP_QUIET``) and each
+    """One saved run: its failure step and first alarms, rksp's (``RKSP``, ``WITHOUT``) and each
     detector setting's, keyed "detector name#setting index"."""
     run = WatchedRun.from_dict(json.loads(path.read_text()))
     alarms = {
@@ -100,8 +102,8 @@ def _replay(path: Path) -> dict[str, Any]:
         for i, value in enumerate(values)
     }
     first = {m: r_metric_alarm(run) if m == "r_metric" else run.monitor_alarm(m) for m in run.monitors}
-    for key, names in ((RKSP, run.monitors), (RKSP_QUIET, [m for m in run.monitors if m != "r_metric"])):
-        steps = [first[m] for m in names if first[m] is not None]
+    for key, left_out in ((RKSP, None), *WITHOUT.items()):
+        steps = [step for m, step in first.items() if m != left_out and step is not None]
         alarms[key] = min(steps) if steps else None
     name = NAME.fullmatch(path.name)  # not run.failure: a control variant (post_ln_warmup1000) keeps its own
     return {
@@ -173,12 +175,9 @@ def compare(runs: list[dict[str, Any]], held_out: set[int]) -> list[dict[str, An
                 key = keys[values.index(setting)]
                 matched.append(key)
                 row |= _judge(failing, controls, key)
-                row |= {
-                    "rksp_earlier": _earlier(failing, RKSP, key),
-                    "quiet_earlier": _earlier(failing, RKSP_QUIET, key),
-                }
+                row["rksp_earlier"] = _earlier(failing, RKSP, key)
             rows.append(row)
-        for rksp in (RKSP, RKSP_QUIET):
+        for rksp in (RKSP, *WITHOUT):
             ahead = [r for r in failing if _lead(r, rksp) is not None and all(_before(r, rksp, k) for k in matched)]
             rows.append({
                 "failure": failure, "watcher": rksp, "setting": None, **_judge(failing, controls, rksp),
@@ -190,7 +189,7 @@ def compare(runs: list[dict[str, Any]], held_out: set[int]) -> list[dict[str, An
 def markdown(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| failure | watcher | setting (default) | tuning controls quiet | failures alarmed before "
-        "| median lead (share) | false alarms, held-out controls | rksp earlier (without the R-Metric); rksp "
+        "| median lead (share) | false alarms, held-out controls | rksp earlier; rksp "
         "rows: earlier than every matched detector |",
         "|---|---|---|---|---|---|---|---|",
     ]
@@ -206,7 +205,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
                 f"{r['alarmed']}/{r['failed']}",
                 "-" if lead is None else f"{lead:g} ({r['median_lead_share']:.0%})",
                 f"{r['false_alarms']}/{r['controls']}{by_kind(r['false_alarms_by_control'])}",
-                f"{r['rksp_earlier']}/{r['failed']} ({r['quiet_earlier']}/{r['failed']})"
+                f"{r['rksp_earlier']}/{r['failed']}"
                 if tuned
                 else f"{r['earlier_than_every_matched_detector']}/{r['failed']}",
             ]

@@ -18,7 +18,7 @@ from rksp_cli.monitors.base import MAD_TO_SIGMA, RobustDrift
 from rksp_cli.monitors.faults import FaultJob, run_fault
 from rksp_cli.monitors.r_metric import WEIGHTS, RMetric
 from rksp_cli.monitors.router import router_stats
-from rksp_cli.monitors.spectral_alignment import SpectralAlignment, sign_entropy
+from rksp_cli.monitors.spectral_alignment import SignCollapse, SpectralAlignment, sign_entropy
 from rksp_cli.watch import read_log
 from tests.conftest import hf_config
 from tests.tolerances import entropy_tolerance
@@ -57,6 +57,89 @@ def test_spectral_alignment_alarms_on_a_collapse_with_sigma1_growth():
 
 def test_spectral_alignment_collapse_with_steady_sigma1_only_warns_once():
     assert _sa_run(grow=False)[12:] == [["warning"], [], [], []]
+
+
+def _sa_fed(model: nn.Module) -> set[str]:
+    """The layers spectral alignment finds fed by a bounded activation, after one check of ``model``."""
+    from rksp_cli.monitors import residual_blocks
+
+    sa = SpectralAlignment(*reversed(residual_blocks(model)))
+    with torch.no_grad():
+        model(torch.randint(0, 96, (2, 8)))
+    sa.check(0)
+    return sa.rule.fed
+
+
+@pytest.mark.parametrize(
+    ("make", "fed"),
+    [
+        (lambda: GPT(GPTConfig(n_layers=2)), {"blocks.0.mlp.proj", "blocks.1.mlp.proj"}),
+        (lambda: GPT(GPTConfig(n_layers=1, norm="subln")), set()),  # a LayerNorm between GELU and proj
+        (
+            lambda: GPT(GPTConfig(n_layers=1, n_experts=2)),
+            {"blocks.0.mlp.experts.0.proj", "blocks.0.mlp.experts.1.proj"},
+        ),
+        ("gpt2", {"h.0.mlp.c_proj", "h.1.mlp.c_proj"}),
+        ("llama", set()),  # down_proj's input is SiLU(gate) * up, a product with no floor
+    ],
+)
+def test_spectral_alignment_finds_the_layers_fed_by_a_bounded_activation(make, fed):
+    from transformers import AutoModel
+
+    model = AutoModel.from_config(hf_config(make)) if isinstance(make, str) else make()
+    assert _sa_fed(model) == fed
+
+
+def test_a_layer_fed_by_gelu_never_alerts_however_its_inputs_collapse():
+    """The MLP projection's inputs are GELU outputs, which share a mean direction that v1 aligns with
+    in healthy training: its collapse is reported, never alarmed on; the same collapse fed by a
+    linear layer alarms."""
+    torch.manual_seed(0)
+    fed_model = nn.Sequential(nn.GELU(), nn.Linear(16, 16))
+    plain = nn.Linear(16, 16)
+    seen = {}
+    for name, block, layer in (("fed", fed_model, fed_model[1]), ("plain", nn.Sequential(plain), plain)):
+        sa = SpectralAlignment([block])
+        levels = []
+        for check in range(16):
+            with torch.no_grad():
+                layer.weight.mul_(1.3 if check >= 12 else 1 + 0.01 * torch.randn(()))
+            x = torch.randn(512, 16)
+            if check >= 12:
+                v1 = torch.linalg.svd(layer.weight.detach()).Vh[0]
+                x = x + 8 * v1 * torch.sign(x @ v1).mean().sign()
+            block(x)
+            metrics, alerts = sa.check(check)
+            levels += [a.level for a in alerts]
+        seen[name] = (levels, sa.exempt, metrics)
+    assert seen["plain"][0].count("alarm") == 2 and seen["plain"][1] == set()
+    levels, exempt, metrics = seen["fed"]
+    assert levels == [] and exempt == {"0.1"} and "sa_entropy/0.1" in metrics
+
+
+def test_spectral_alignment_rescored_from_its_logged_metrics_gives_the_same_alerts():
+    """SignCollapse reads only H_s and sigma_1, so a logged run's metrics, fed back, rescore it exactly
+    (how the benchmarks apply a changed exemption to runs watched before it)."""
+    torch.manual_seed(0)
+    layer = nn.Linear(16, 16)
+    sa = SpectralAlignment([nn.Sequential(layer)])
+    logged, alerts = [], []
+    for check in range(16):
+        with torch.no_grad():
+            layer.weight.mul_(1.3 if check >= 12 else 1 + 0.01 * torch.randn(()))
+        x = torch.randn(512, 16) + (8 * torch.linalg.svd(layer.weight.detach()).Vh[0] if check >= 12 else 0)
+        layer(x)
+        metrics, found = sa.check(check)
+        logged.append(metrics)
+        alerts += [(a.step, a.layer, a.level) for a in found]
+    rule = SignCollapse()
+    again = []
+    for check, metrics in enumerate(logged):
+        measured = {
+            k[11:]: (v, metrics[f"sa_sigma1/{k[11:]}"], None) for k, v in metrics.items() if k.startswith("sa_entropy/")
+        }
+        again += [(a.step, a.layer, a.level) for a in rule.score(check, measured)[1]]
+    assert "alarm" in {level for *_, level in alerts} and again == alerts
 
 
 def test_delta2_entropy_matches_the_full_matrix_with_grouped_query_heads():

@@ -84,20 +84,21 @@ def run(kind: str, seed: int, failed: int | None = None, **alarms: int) -> dict:
 
 
 def test_matched_comparison_tunes_on_controls_and_judges_held_out_seeds_only():
-    from benchmarks.matched_detectors import RKSP, RKSP_QUIET, compare
+    from benchmarks.matched_detectors import RKSP, WITHOUT, compare
 
-    olmo = OlmoSkipStep.name
+    olmo, quiet = OlmoSkipStep.name, "rksp without the R-Metric"
+    assert quiet in WITHOUT
     runs = [
         run("control", 0, **{f"{olmo}#1": 300}),  # sigma 50 false-alarms on a tuning control: 100 is kept
         run("failing", 0, failed=500, **{f"{olmo}#0": 10}),  # a tuning seed's failure is not judged
-        run("failing", 1, failed=1000, **{f"{olmo}#0": 400, RKSP: 200, RKSP_QUIET: 200}),
-        run("failing", 2, failed=1000, **{f"{olmo}#0": 100, RKSP: 600, RKSP_QUIET: 600}),
+        run("failing", 1, failed=1000, **{f"{olmo}#0": 400, RKSP: 200, quiet: 200}),
+        run("failing", 2, failed=1000, **{f"{olmo}#0": 100, RKSP: 600, quiet: 600}),
         run("control", 1, **{RKSP: 50}),  # the R-Metric's false alarm: rksp's, not the quiet set's
     ]
     rows = {r["watcher"]: r for r in compare(runs, held_out={1, 2})}
     assert rows[olmo]["setting"] == 100 and rows[olmo]["alarmed"] == 2 and rows[olmo]["median_lead_steps"] == 750
     assert rows[olmo]["rksp_earlier"] == 1 and rows[olmo]["false_alarms"] == 0
-    assert rows[RKSP]["false_alarms"] == 1 and rows[RKSP_QUIET]["false_alarms"] == 0
+    assert rows[RKSP]["false_alarms"] == 1 and rows[quiet]["false_alarms"] == 0
     assert rows[RKSP]["earlier_than_every_matched_detector"] == 1
 
 

@@ -119,11 +119,12 @@ class MLP(nn.Module):
         super().__init__()
         hidden = cfg.mlp_ratio * cfg.d_model
         self.fc = nn.Linear(cfg.d_model, hidden)
+        self.act = nn.GELU()  # a module, so that hooks see it (spectral alignment asks what feeds ``proj``)
         self.proj = nn.Linear(hidden, cfg.d_model)
         self.sub_norm = nn.LayerNorm(hidden, eps=1e-5) if cfg.norm == "subln" else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.proj(self.sub_norm(F.gelu(self.fc(x))))
+        return self.proj(self.sub_norm(self.act(self.fc(x))))
 
 
 class MoE(nn.Module):

@@ -19,10 +19,17 @@ runs with the H_s rule alone), with sigma_1 steady; asking for one z >= 4 among 
 left 4 (noise in 56 layers x 60 checks), hence the median. The mechanism that makes a collapse dangerous
 is a collapse that lets a consistently signed error grow sigma_1, so the alarm asks for both.
 
-Skipped layers: a layer whose inputs already had H_s below the warning line at its first check
-(for instance a projection fed by GELU outputs, which are mostly positive: its inputs share a
-mean direction that v1 can align with at init) is reported in ``metrics`` but never alerts, since
-a collapse cannot be told from how it started. That choice is ours; the paper does not say.
+Skipped layers (reported in ``metrics``, never alerting; our choice, the paper does not say):
+* a layer whose inputs already had H_s below the warning line at its first check, since a collapse
+  cannot be told from how it started;
+* a layer whose input is a pointwise activation's output, with a floor (GELU's -0.17, SiLU's
+  -0.28, ReLU's 0: ``BOUNDED_BELOW``), found in the first check's forward pass by tensor identity
+  (the built-in GPT's and GPT-2's MLP projection; not a gated MLP's, whose input is a product).
+  Such inputs share a mean direction that grows with the pre-activations, and v1 aligns with it
+  in ordinary training: healthy deep Post-LN runs (lr 0.001, the benchmark's ``control_low_lr``)
+  alarmed on 5 of 6, every time on the MLP projection (steps 1400-1950). The first rule missed
+  them because at init the pre-activations are small and GELU is nearly linear (the inputs'
+  signs are still mixed).
 
 Cost per check and matrix: 3 power iterations (6 d_out d_in FLOPs each) plus N d_in for the cosines.
 """
@@ -30,8 +37,9 @@ Cost per check and matrix: 3 power iterations (6 d_out d_in FLOPs each) plus N d
 from __future__ import annotations
 
 import math
-from collections import deque
-from collections.abc import Sequence
+from collections import defaultdict, deque
+from collections.abc import Mapping, Sequence
+from functools import partial
 
 import torch
 from torch import nn
@@ -40,6 +48,16 @@ from rksp_cli.monitors.base import Alert, Persistence, RobustDrift, TokenSampler
 
 WARNING_BITS, ALARM_BITS, PATIENCE, GROWTH_Z = 0.8, 0.5, 3, 4.0
 REARM_BITS = 0.9  # a warned layer warns again only after recovering above this
+# Pointwise activations whose output has a floor: torch's, and transformers' own (ACT2FN) by name
+BOUNDED_BELOW = (
+    nn.GELU, nn.ReLU, nn.ReLU6, nn.SiLU, nn.Mish, nn.ELU, nn.CELU, nn.SELU, nn.Softplus, nn.Sigmoid,
+    nn.Hardswish, nn.Hardsigmoid,
+)  # fmt: skip
+TRANSFORMERS_BOUNDED_BELOW = frozenset({
+    "GELUActivation", "NewGELUActivation", "FastGELUActivation", "QuickGELUActivation", "AccurateGELUActivation",
+    "ClippedGELUActivation", "GELUTanh", "PytorchGELUTanh", "MishActivation", "SiLUActivation",
+    "ReLUSquaredActivation", "SqrtSoftplusActivation", "LaplaceActivation",
+})  # fmt: skip
 
 
 def sign_entropy(p: float) -> float:
@@ -47,6 +65,98 @@ def sign_entropy(p: float) -> float:
     if p <= 0.0 or p >= 1.0:
         return 0.0
     return -(p * math.log2(p) + (1 - p) * math.log2(1 - p))
+
+
+def bounded_activation(module: nn.Module) -> bool:
+    return isinstance(module, BOUNDED_BELOW) or type(module).__name__ in TRANSFORMERS_BOUNDED_BELOW
+
+
+class ActivationFed:
+    """Which of ``layers`` take a bounded activation's output as their input, found by tensor identity
+    in the forward passes while ``armed()`` (as ``models.norm.NormFinder`` finds a norm's consumers)."""
+
+    def __init__(self, blocks: Sequence[nn.Module], layers: Mapping[str, nn.Module], armed) -> None:
+        self.fed: set[str] = set()
+        self._outputs: list[torch.Tensor] = []  # held, so that no later tensor can reuse an output's id
+        self._armed = armed
+        activations = [m for block in blocks for m in block.modules() if bounded_activation(m)]
+        self._handles = [m.register_forward_hook(self._keep) for m in activations]
+        self._handles += [m.register_forward_pre_hook(partial(self._consume, name)) for name, m in layers.items()]
+
+    def _keep(self, module: nn.Module, args: tuple, output: torch.Tensor) -> None:
+        if self._armed():
+            self._outputs.append(output)
+
+    def _consume(self, name: str, module: nn.Module, args: tuple) -> None:
+        if args and any(args[0] is out for out in self._outputs):
+            self.fed.add(name)
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._outputs.clear()
+
+
+class SignCollapse:
+    """The alarm rule (module docstring), apart from the measurement: each check's per-layer sign
+    entropy and sigma_1 against the layer's earlier checks. It reads nothing else, so a logged run's
+    ``sa_entropy/*`` and ``sa_sigma1/*`` metrics, fed back check by check, rescore it exactly."""
+
+    def __init__(self, fed: set[str] | None = None) -> None:
+        self.fed = set(fed or ())  # layers fed by a bounded activation: never alerting
+        self.exempt: set[str] = set()  # collapsed from the first check on, or fed: reported, never alerting
+        self.persistence = Persistence(PATIENCE)
+        self._log_sigma: dict[str, float] = {}
+        self._growth: dict[str, RobustDrift] = defaultdict(lambda: RobustDrift(direction=1, window=20))
+        self._recent_z: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=PATIENCE))
+        self._dipped: set[str] = set()  # below the warning line now (warned once on the way down)
+
+    def _sigma_growth(self, name: str, sigma: float) -> float:
+        """The median robust z of sigma_1's log increment over the last PATIENCE checks (0 before a history):
+        sustained growth, not one noisy increment."""
+        log_sigma = math.log(max(sigma, 1e-30))
+        previous = self._log_sigma.get(name)
+        self._log_sigma[name] = log_sigma
+        if previous is not None:
+            z = self._growth[name].score(log_sigma - previous)
+            self._recent_z[name].append(z if z is not None else 0.0)
+        recent = sorted(self._recent_z[name])
+        return recent[len(recent) // 2] if recent else 0.0
+
+    def score(
+        self, step: int, measured: Mapping[str, tuple[float, float, float | None]]
+    ) -> tuple[dict[str, float], list[Alert]]:
+        """Metrics and alerts of one check from each layer's (H_s, sigma_1, p+), p+ only for the message."""
+        metrics: dict[str, float] = {}
+        alerts: list[Alert] = []
+        first = not self._log_sigma
+        for name, (h, sigma, p) in measured.items():
+            metrics[f"sa_entropy/{name}"] = h
+            metrics[f"sa_sigma1/{name}"] = sigma
+            growth = self._sigma_growth(name, sigma)
+            if first and (h < WARNING_BITS or name in self.fed):
+                self.exempt.add(name)
+            if name in self.exempt:
+                continue
+            signs = "" if p is None else f" (p+ {p:.2f})"
+            collapsed = self.persistence.update(name, h < ALARM_BITS)
+            if collapsed and growth >= GROWTH_Z:
+                reason = (
+                    f"sign entropy {h:.3f} bit < {ALARM_BITS} for {PATIENCE} checks{signs} while sigma_1 "
+                    f"grows abnormally (robust z {growth:.1f}): inputs collapsed onto the top singular direction"
+                )
+                alerts.append(Alert(step, SpectralAlignment.name, name, h, ALARM_BITS, "alarm", reason))
+            elif h < WARNING_BITS and name not in self._dipped:
+                reason = f"sign entropy {h:.3f} bit < {WARNING_BITS}{signs}"
+                alerts.append(Alert(step, SpectralAlignment.name, name, h, WARNING_BITS, "warning", reason))
+            if h < WARNING_BITS:
+                self._dipped.add(name)
+            elif h > REARM_BITS:
+                self._dipped.discard(name)
+        if metrics:
+            watched = [v for k, v in metrics.items() if k.startswith("sa_entropy/") and k[11:] not in self.exempt]
+            metrics["sa_entropy_min"] = min(watched) if watched else math.nan
+        return metrics, alerts
 
 
 class SpectralAlignment:
@@ -69,15 +179,17 @@ class SpectralAlignment:
         self.generator = torch.Generator().manual_seed(seed)  # token samples and power-iteration starts
         self.sampler = TokenSampler(self.layers, tokens, self.generator)
         self._v: dict[str, torch.Tensor] = {}
-        self.exempt: set[str] = set()  # collapsed from the first check on: reported, never alerting
-        self.persistence = Persistence(PATIENCE)
-        self._log_sigma: dict[str, float] = {}
-        self._growth = {name: RobustDrift(direction=1, window=20) for name in self.layers}
-        self._recent_z = {name: deque(maxlen=PATIENCE) for name in self.layers}
-        self._dipped: set[str] = set()  # below the warning line now (warned once on the way down)
+        self.rule = SignCollapse()
+        self._feed: ActivationFed | None = ActivationFed(blocks, self.layers, lambda: self.sampler.armed)
+
+    @property
+    def exempt(self) -> set[str]:
+        return self.rule.exempt
 
     def remove(self) -> None:
         self.sampler.remove()
+        if self._feed is not None:
+            self._feed.remove()
 
     def top_singular(self, name: str) -> tuple[torch.Tensor, float]:
         """(v1, sigma_1) of the layer's weight."""
@@ -96,50 +208,16 @@ class SpectralAlignment:
         self._v[name] = v
         return v, float((W @ v).norm())
 
-    def _sigma_growth(self, name: str, sigma: float) -> float:
-        """The median robust z of sigma_1's log increment over the last PATIENCE checks (0 before a history):
-        sustained growth, not one noisy increment."""
-        log_sigma = math.log(max(sigma, 1e-30))
-        previous = self._log_sigma.get(name)
-        self._log_sigma[name] = log_sigma
-        if previous is not None:
-            z = self._growth[name].score(log_sigma - previous)
-            self._recent_z[name].append(z if z is not None else 0.0)
-        recent = sorted(self._recent_z[name])
-        return recent[len(recent) // 2] if recent else 0.0
-
     def check(self, step: int, loss: float | None = None) -> tuple[dict[str, float], list[Alert]]:
         inputs = self.sampler.take()
-        metrics: dict[str, float] = {}
-        alerts: list[Alert] = []
-        first = not self._log_sigma
+        if self._feed is not None and inputs:  # the first check's forward pass showed what feeds what
+            self.rule.fed = set(self._feed.fed)
+            self._feed.remove()
+            self._feed = None
+        measured = {}
         for name, x in inputs.items():
             v, sigma = self.top_singular(name)
             cos = (x @ v) / x.norm(dim=1).clamp_min(1e-30)
             p = float((cos > 0).float().mean())
-            h = sign_entropy(p)
-            metrics[f"sa_entropy/{name}"] = h
-            metrics[f"sa_sigma1/{name}"] = sigma
-            growth = self._sigma_growth(name, sigma)
-            if first and h < WARNING_BITS:
-                self.exempt.add(name)
-            if name in self.exempt:
-                continue
-            collapsed = self.persistence.update(name, h < ALARM_BITS)
-            if collapsed and growth >= GROWTH_Z:
-                reason = (
-                    f"sign entropy {h:.3f} bit < {ALARM_BITS} for {PATIENCE} checks (p+ {p:.2f}) while sigma_1 "
-                    f"grows abnormally (robust z {growth:.1f}): inputs collapsed onto the top singular direction"
-                )
-                alerts.append(Alert(step, self.name, name, h, ALARM_BITS, "alarm", reason))
-            elif h < WARNING_BITS and name not in self._dipped:
-                reason = f"sign entropy {h:.3f} bit < {WARNING_BITS} (p+ {p:.2f})"
-                alerts.append(Alert(step, self.name, name, h, WARNING_BITS, "warning", reason))
-            if h < WARNING_BITS:
-                self._dipped.add(name)
-            elif h > REARM_BITS:
-                self._dipped.discard(name)
-        if metrics:
-            watched = [v for k, v in metrics.items() if k.startswith("sa_entropy/") and k[11:] not in self.exempt]
-            metrics["sa_entropy_min"] = min(watched) if watched else math.nan
-        return metrics, alerts
+            measured[name] = (sign_entropy(p), sigma, p)
+        return self.rule.score(step, measured)
