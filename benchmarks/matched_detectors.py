@@ -27,6 +27,7 @@ Run: python benchmarks/matched_detectors.py [--held-out 18-35] [--workers 2]
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import re
 import statistics
@@ -35,11 +36,14 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from rksp_cli.files import atomic_path
-from rksp_cli.monitors.failures import WatchedRun, by_kind, monitor_code
+from rksp_cli.models.gpt import GPT
+from rksp_cli.monitors.failures import FAILURES, WatchedRun, by_kind, monitor_code
 from rksp_cli.monitors.r_metric import WEIGHTS, RMetric
+from rksp_cli.monitors.spectral_alignment import SignCollapse, activation_fed_layers
 from rksp_cli.monitors.spike_detectors import (
     FoundryKillLossSpike,
     LightningSpikeDetection,
@@ -92,6 +96,25 @@ def r_metric_alarm(run: WatchedRun) -> int | None:
     return None
 
 
+@functools.cache
+def activation_fed(failure: str, kind: str) -> frozenset[str]:
+    """The layers today's spectral alignment leaves out (fed by a bounded activation) in the model of a
+    failure's runs of one kind: the model's structure, the same for every seed."""
+    config = FAILURES[failure].spec(kind, 0).model.gpt_config()
+    return frozenset(activation_fed_layers(GPT(config), torch.randint(0, config.vocab_size, (1, config.seq_len))))
+
+
+def spectral_alignment_alarm(run: WatchedRun) -> int | None:
+    """Today's spectral alignment's first alarm on a saved run, rescored from its logged sign entropies
+    and sigma_1 (``SignCollapse``: exact, since the rule reads nothing else) with today's exemptions."""
+    rule = SignCollapse(set(activation_fed(run.failure, run.kind)))
+    alarms = [a.step for a in rule.rescore((c["step"], c["metrics"]) for c in run.series) if a.level == "alarm"]
+    return min(alarms) if alarms else None
+
+
+RESCORED = {"r_metric": r_metric_alarm, "spectral_alignment": spectral_alignment_alarm}
+
+
 def _replay(path: Path) -> dict[str, Any]:
     """One saved run: its failure step and first alarms, rksp's (``RKSP``, ``WITHOUT``) and each
     detector setting's, keyed "detector name#setting index"."""
@@ -101,7 +124,7 @@ def _replay(path: Path) -> dict[str, Any]:
         for cls, (knob, _, values) in KNOBS.items()
         for i, value in enumerate(values)
     }
-    first = {m: r_metric_alarm(run) if m == "r_metric" else run.monitor_alarm(m) for m in run.monitors}
+    first = {m: RESCORED[m](run) if m in RESCORED else run.monitor_alarm(m) for m in run.monitors}
     for key, left_out in ((RKSP, None), *WITHOUT.items()):
         steps = [step for m, step in first.items() if m != left_out and step is not None]
         alarms[key] = min(steps) if steps else None

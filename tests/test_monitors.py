@@ -18,7 +18,12 @@ from rksp_cli.monitors.base import MAD_TO_SIGMA, RobustDrift
 from rksp_cli.monitors.faults import FaultJob, run_fault
 from rksp_cli.monitors.r_metric import WEIGHTS, RMetric
 from rksp_cli.monitors.router import router_stats
-from rksp_cli.monitors.spectral_alignment import SignCollapse, SpectralAlignment, sign_entropy
+from rksp_cli.monitors.spectral_alignment import (
+    SignCollapse,
+    SpectralAlignment,
+    activation_fed_layers,
+    sign_entropy,
+)
 from rksp_cli.watch import read_log
 from tests.conftest import hf_config
 from tests.tolerances import entropy_tolerance
@@ -59,17 +64,6 @@ def test_spectral_alignment_collapse_with_steady_sigma1_only_warns_once():
     assert _sa_run(grow=False)[12:] == [["warning"], [], [], []]
 
 
-def _sa_fed(model: nn.Module) -> set[str]:
-    """The layers spectral alignment finds fed by a bounded activation, after one check of ``model``."""
-    from rksp_cli.monitors import residual_blocks
-
-    sa = SpectralAlignment(*reversed(residual_blocks(model)))
-    with torch.no_grad():
-        model(torch.randint(0, 96, (2, 8)))
-    sa.check(0)
-    return sa.rule.fed
-
-
 @pytest.mark.parametrize(
     ("make", "fed"),
     [
@@ -87,7 +81,7 @@ def test_spectral_alignment_finds_the_layers_fed_by_a_bounded_activation(make, f
     from transformers import AutoModel
 
     model = AutoModel.from_config(hf_config(make)) if isinstance(make, str) else make()
-    assert _sa_fed(model) == fed
+    assert activation_fed_layers(model, torch.randint(0, 96, (2, 8))) == fed
 
 
 def test_a_layer_fed_by_gelu_never_alerts_however_its_inputs_collapse():
@@ -132,13 +126,7 @@ def test_spectral_alignment_rescored_from_its_logged_metrics_gives_the_same_aler
         metrics, found = sa.check(check)
         logged.append(metrics)
         alerts += [(a.step, a.layer, a.level) for a in found]
-    rule = SignCollapse()
-    again = []
-    for check, metrics in enumerate(logged):
-        measured = {
-            k[11:]: (v, metrics[f"sa_sigma1/{k[11:]}"], None) for k, v in metrics.items() if k.startswith("sa_entropy/")
-        }
-        again += [(a.step, a.layer, a.level) for a in rule.score(check, measured)[1]]
+    again = [(a.step, a.layer, a.level) for a in SignCollapse().rescore(enumerate(logged))]
     assert "alarm" in {level for *_, level in alerts} and again == alerts
 
 

@@ -119,3 +119,41 @@ def test_matched_comparison_tunes_and_judges_on_every_kind_of_control():
     assert rows[olmo]["setting"] is None and rows[olmo]["tuning_controls"] == 2  # no setting stays quiet
     assert rows[RKSP]["false_alarms_by_control"] == {"control": "0/1", "control_low_lr": "1/1"}
     assert rows[RKSP]["earlier_than_every_matched_detector"] == 1  # no detector left to beat
+
+
+def test_a_saved_run_s_spectral_alignment_is_rescored_with_today_s_exemptions():
+    """A run watched before the MLP projection (fed by GELU) was left out: its collapse there no longer
+    counts, the same collapse on a projection fed by a norm still does."""
+    from benchmarks.matched_detectors import activation_fed, spectral_alignment_alarm
+    from rksp_cli.monitors.failures import WatchedRun
+
+    assert activation_fed("attention_logit_growth", "failing") == {"blocks.0.mlp.proj", "blocks.1.mlp.proj"}
+
+    def saved(layer: str) -> WatchedRun:
+        series = []
+        for check in range(30):
+            collapsed = check >= 20
+            sigma = 1.0 + (0.5 * (check - 19) ** 2 if collapsed else 0.01 * (check % 3))
+            series.append(
+                {
+                    "step": 50 * check,
+                    "metrics": {f"sa_entropy/{layer}": 0.1 if collapsed else 1.0, f"sa_sigma1/{layer}": sigma},
+                }
+            )
+        return WatchedRun(
+            "attention_logit_growth",
+            "failing",
+            0,
+            1500,
+            [1.0] * 1500,
+            [1.0] * 1500,
+            None,
+            [],
+            ["spectral_alignment"],
+            0.01,
+            {},
+            series=series,
+        )
+
+    assert spectral_alignment_alarm(saved("blocks.0.attn.qkv")) == 50 * 22  # third collapsed check
+    assert spectral_alignment_alarm(saved("blocks.0.mlp.proj")) is None

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict, deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from functools import partial
 
 import torch
@@ -95,6 +95,22 @@ class ActivationFed:
         for handle in self._handles:
             handle.remove()
         self._outputs.clear()
+
+
+def activation_fed_layers(model: nn.Module, *inputs: torch.Tensor) -> set[str]:
+    """The layers of ``model``'s blocks that spectral alignment leaves out as fed by a bounded
+    activation, from one forward pass on ``inputs`` (what a logged run's rescoring needs)."""
+    from rksp_cli.monitors import residual_blocks  # the package imports this module
+
+    prefix, blocks = residual_blocks(model)
+    sa = SpectralAlignment(blocks, prefix)
+    try:
+        with torch.no_grad():
+            model(*inputs)
+        sa.check(0)
+    finally:
+        sa.remove()
+    return sa.rule.fed
 
 
 class SignCollapse:
@@ -157,6 +173,15 @@ class SignCollapse:
             watched = [v for k, v in metrics.items() if k.startswith("sa_entropy/") and k[11:] not in self.exempt]
             metrics["sa_entropy_min"] = min(watched) if watched else math.nan
         return metrics, alerts
+
+    def rescore(self, checks: Iterable[tuple[int, Mapping[str, float]]]) -> list[Alert]:
+        """The alerts of a logged run's checks, (step, metrics) in order, under this rule."""
+        alerts = []
+        for step, metrics in checks:
+            layers = [k.removeprefix("sa_entropy/") for k in metrics if k.startswith("sa_entropy/")]
+            measured = {name: (metrics[f"sa_entropy/{name}"], metrics[f"sa_sigma1/{name}"], None) for name in layers}
+            alerts += self.score(step, measured)[1] if measured else []
+        return alerts
 
 
 class SpectralAlignment:
