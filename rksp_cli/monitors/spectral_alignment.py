@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict, deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
 
 import torch
@@ -68,6 +68,7 @@ def sign_entropy(p: float) -> float:
 
 
 def bounded_activation(module: nn.Module) -> bool:
+    """Whether ``module`` is a pointwise activation whose output has a floor (torch's or transformers')."""
     return isinstance(module, BOUNDED_BELOW) or type(module).__name__ in TRANSFORMERS_BOUNDED_BELOW
 
 
@@ -75,7 +76,7 @@ class ActivationFed:
     """Which of ``layers`` take a bounded activation's output as their input, found by tensor identity
     in the forward passes while ``armed()`` (as ``models.norm.NormFinder`` finds a norm's consumers)."""
 
-    def __init__(self, blocks: Sequence[nn.Module], layers: Mapping[str, nn.Module], armed) -> None:
+    def __init__(self, blocks: Sequence[nn.Module], layers: Mapping[str, nn.Module], armed: Callable[[], bool]) -> None:
         self.fed: set[str] = set()
         self._outputs: list[torch.Tensor] = []  # held, so that no later tensor can reuse an output's id
         self._armed = armed
