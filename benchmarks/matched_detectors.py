@@ -11,8 +11,8 @@ failing runs and controls. rksp's monitors are as shipped, two of their rules ch
 held-out runs had been seen: the R-Metric's scoring of its gradient variance by factors (chosen
 after seeds 18-29, first run on 30-35), and spectral alignment's exemption of layers fed by a
 bounded activation (chosen after deep Post-LN's healthy low-lr runs of seeds 30-35 alarmed, checked
-on those of seeds 0-5). So the comparison is at (about) equal false alarms, out of sample for the
-detectors and, but for those two rules, for rksp.
+on those of seeds 0-5 and 36-41). So the comparison is at (about) equal false alarms, out of sample
+for the detectors and, but for those two rules, for rksp.
 
 A pure replay of the runs ``benchmarks/monitors.py`` saved under benchmarks/results/monitors/
 (their recorded losses and pre-clip gradient norms): no training, about 5 minutes for 117 runs on
