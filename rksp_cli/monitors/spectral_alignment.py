@@ -98,20 +98,31 @@ class ActivationFed:
         self._outputs.clear()
 
 
+def linear_layers(blocks: Sequence[nn.Module], prefix: str = "") -> dict[str, nn.Module]:
+    """The blocks' linear maps (nn.Linear, GPT-2's Conv1D) by the model's own module paths
+    (``prefix``: the blocks' path, so that names read ``blocks.0.attn.qkv``)."""
+    lead = f"{prefix}." if prefix else ""
+    return {
+        f"{lead}{i}.{name}": module
+        for i, block in enumerate(blocks)
+        for name, module in block.named_modules()
+        if linear_weight(module) is not None
+    }
+
+
 def activation_fed_layers(model: nn.Module, *inputs: torch.Tensor) -> set[str]:
     """The layers of ``model``'s blocks that spectral alignment leaves out as fed by a bounded
     activation, from one forward pass on ``inputs`` (what a logged run's rescoring needs)."""
     from rksp_cli.monitors import residual_blocks  # the package imports this module
 
     prefix, blocks = residual_blocks(model)
-    sa = SpectralAlignment(blocks, prefix)
+    feed = ActivationFed(blocks, linear_layers(blocks, prefix), armed=lambda: True)
     try:
         with torch.no_grad():
             model(*inputs)
-        sa.check(0)
     finally:
-        sa.remove()
-    return sa.rule.fed
+        feed.remove()
+    return feed.fed
 
 
 class SignCollapse:
@@ -193,13 +204,7 @@ class SpectralAlignment:
     ):
         """``prefix``: the blocks' module path, so layer names match the model's (``blocks.0.attn.qkv``)."""
         self.iterations = iterations
-        lead = f"{prefix}." if prefix else ""
-        self.layers = {
-            f"{lead}{i}.{name}": module
-            for i, block in enumerate(blocks)
-            for name, module in block.named_modules()
-            if linear_weight(module) is not None
-        }
+        self.layers = linear_layers(blocks, prefix)
         if not self.layers:
             raise ValueError("spectral alignment found no linear layers (nn.Linear or Conv1D) in the blocks")
         self.generator = torch.Generator().manual_seed(seed)  # token samples and power-iteration starts
