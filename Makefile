@@ -72,18 +72,22 @@ bench-kss-regime: install
 bench-faults: install
 	$(BIN)/python benchmarks/faults.py
 
-# Issue 16: the monitors and four spike detectors on natural slow failures and their controls
-# (6 seeds each), then each guard policy on the same runs, two runs at a time, resumable
-# (benchmarks/results/monitors/). About 6.5 hours on 2 cores: the two width-64 failures take 35
-# minutes (96 runs of about a minute), deep Post-LN about 6 hours (72 runs of up to 10 minutes:
-# its failing runs and two kinds of control, Pre-LN and Post-LN at a third of the lr).
+# Issue 16: the monitors and four spike detectors on natural slow failures and their controls, on
+# seeds 42-47 (never used to choose a rule), two runs at a time, resumable
+# (benchmarks/results/monitors/): about 2 hours on 2 cores, nearly all of it deep Post-LN's 18 runs
+# of up to 5000 steps. Then the lr back-off acting on the width-64 runs' alarms (24 runs, about 15
+# minutes). The README's tables are these files' (tests/test_readme_results.py).
 bench-monitors: install
-	$(BIN)/python benchmarks/monitors.py
+	$(BIN)/python benchmarks/monitors.py --first-seed 42 --policies ''
+	$(BIN)/python benchmarks/monitors.py --failures attention_logit_growth,low_precision_attention \
+		--first-seed 42 --policies backoff --out benchmarks/results/monitors-backoff-fresh.json
 
-# The spike detectors tuned to the tuning seeds' controls, judged on held-out seeds beside rksp's
-# monitors: a replay of bench-monitors' saved runs, no training (about 5 minutes on 2 cores).
+# The spike detectors tuned on the controls of seeds 0-5 (run here first if not saved: about 2
+# hours), judged on bench-monitors' seeds 42-47 beside rksp's monitors: a replay, no training.
 bench-monitors-matched: install
-	$(BIN)/python benchmarks/matched_detectors.py
+	$(BIN)/python benchmarks/monitors.py --first-seed 0 --kinds control,control_low_lr --policies '' \
+		--out benchmarks/results/monitors-tuning.json
+	$(BIN)/python benchmarks/matched_detectors.py --held-out 42-47
 
 # Issue 13's measurement bars: the same model screened with other token samples and sizes (~1.5 min).
 bench-stability: install

@@ -22,7 +22,7 @@ from its components (``RMetric.score``), spectral alignment from each layer's si
 sigma_1 (``SignCollapse``) with today's exemptions; every other monitor's alarms are as logged.
 The tuning seeds lend only their controls' losses. Writes benchmarks/results/monitors-matched.json
 (``--out``) and prints Markdown.
-Run: python benchmarks/matched_detectors.py [--held-out 18-35] [--workers 2]
+Run: python benchmarks/matched_detectors.py [--held-out 42-47] [--tuning 0-5] [--workers 2]
 (make bench-monitors-matched).
 """
 
@@ -172,27 +172,29 @@ def _earlier(failing: list[dict[str, Any]], first: str, then: str) -> int:
     return sum(_before(r, first, then) for r in failing)
 
 
-def compare(runs: list[dict[str, Any]], held_out: set[int]) -> list[dict[str, Any]]:
-    """Per failure and detector: the setting matched on the tuning controls, its held-out figures,
+def compare(runs: list[dict[str, Any]], held_out: set[int], tuning: set[int] | None = None) -> list[dict[str, Any]]:
+    """Per failure and detector: the setting matched on the tuning seeds' controls (``tuning``;
+    None: every seed not held out), its held-out figures,
     and on how many held-out failures rksp's first alarm came before the detector's (or the detector
     had none before the failure); then rksp's monitors as shipped on the same runs, with the failures
     on which their first alarm came before every matched detector's."""
     rows = []
     for failure in dict.fromkeys(r["failure"] for r in runs):
         mine = [r for r in runs if r["failure"] == failure]
-        tuning = [r for r in mine if r["kind"] != "failing" and r["seed"] not in held_out]
-        failing = [r for r in mine if r["kind"] == "failing" and r["seed"] in held_out]
         controls = [r for r in mine if r["kind"] != "failing" and r["seed"] in held_out]
-        if not tuning or not failing:
+        failing = [r for r in mine if r["kind"] == "failing" and r["seed"] in held_out]
+        spare = [r for r in mine if r["kind"] != "failing" and r["seed"] not in held_out]
+        tune = [r for r in spare if tuning is None or r["seed"] in tuning]
+        if not tune or not failing:
             continue
         matched = []  # each detector's key at its matched setting
         for cls, (knob, default, values) in KNOBS.items():
             keys = [f"{cls.name}#{i}" for i in range(len(values))]
-            tuned = [sum(r["alarms"][k] is not None for r in tuning) for k in keys]
+            tuned = [sum(r["alarms"][k] is not None for r in tune) for k in keys]
             setting = matched_setting(tuned, values)
             row = {
                 "failure": failure, "watcher": cls.name, "knob": knob, "default": default, "setting": setting,
-                "tuning_controls": len(tuning), "tuning_seeds": sorted({r["seed"] for r in tuning}),
+                "tuning_controls": len(tune), "tuning_seeds": sorted({r["seed"] for r in tune}),
                 "curve": [{knob: v, "tuning_false_alarms": n, **_judge(failing, controls, k)}
                           for v, n, k in zip(values, tuned, keys, strict=True)],
             }  # fmt: skip
@@ -249,9 +251,8 @@ def _seeds(text: str) -> set[int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--held-out", type=_seeds, default="18-35", help="seeds judged (a range a-b); the others' controls tune"
-    )
+    parser.add_argument("--held-out", type=_seeds, default="42-47", help="seeds judged (a range a-b)")
+    parser.add_argument("--tuning", type=_seeds, default="0-5", help="seeds whose controls tune the detectors")
     parser.add_argument("--workers", type=int, default=2, help="runs replayed at a time")
     parser.add_argument("--out", type=Path, default=RESULTS, help="results JSON")
     args = parser.parse_args()
@@ -260,10 +261,13 @@ def main() -> None:
         raise SystemExit(f"no saved runs under {RUNS}: run benchmarks/monitors.py first")
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
         runs = list(pool.map(_replay, paths))
-    rows = compare(runs, args.held_out)
+    if args.tuning & args.held_out:
+        parser.error("--tuning and --held-out share seeds")
+    rows = compare(runs, args.held_out, args.tuning)
     held_out, today = [r for r in runs if r["seed"] in args.held_out], monitor_code()
     results = {
         "held_out_seeds": sorted(args.held_out),
+        "tuning_seeds": sorted(args.tuning),
         "runs": len(runs),
         "held_out_runs_watched_under_today_s_code": f"{sum(r['monitor_code'] == today for r in held_out)} of "
         f"{len(held_out)}",

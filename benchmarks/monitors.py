@@ -15,33 +15,15 @@ controls, beside the controls' own seed-to-seed spread.
 Each run is saved as JSON under benchmarks/results/monitors/ as it finishes, so a rerun resumes;
 a run saved under other monitor code (``monitor_code``: an alarm rule changed) is run again.
 Writes benchmarks/results/monitors.json and prints Markdown.
-Run: python benchmarks/monitors.py [--failures a,b] [--seeds 6] [--workers 2] [--threads N]
-[--policies skip,backoff,rollback] [--kinds failing,control,...] (make bench-monitors; about 6.5
-hours on 2 cores, two runs at a time: 35 minutes for the two width-64 failures, about 6 hours for
-deep Post-LN's 72 runs of up to 5000 steps, with its two kinds of control). The alarm rules of ``attention_logits`` and
-``output_logits`` were chosen on seeds 0-5 and checked on seeds 6-11 (``--first-seed 6 --policies '' --out
-benchmarks/results/monitors-heldout.json``); the shorter warm-up those runs called for was checked
-on seeds 12-17, run once after it was fixed (``--first-seed 12 --policies '' --out
-benchmarks/results/monitors-fresh.json``). Deep Post-LN came after both, and so was measured with
-the rules as they stood, never tuned on it (``--failures post_ln_without_warmup --out
-benchmarks/results/monitors-postln.json``). Its healthy controls broke ``attention_logits``' rule,
-so today's (fast growth, not size) was chosen on the saved series of seeds 0-5 of all three
-failures and tested on fresh seeds: ``--failures attention_logit_growth,low_precision_attention
---first-seed 18 --policies '' --out benchmarks/results/monitors-rule2.json`` and ``--failures
-post_ln_without_warmup --first-seed 6 --policies '' --out
-benchmarks/results/monitors-postln-rule2.json``. The R-Metric's scale was then chosen on the
-saved components of deep Post-LN seeds 0-11 and checked on fresh controls: ``--failures
-post_ln_without_warmup --first-seed 12 --kinds control --policies '' --out
-benchmarks/results/monitors-postln-rule3-controls.json``. ``attention_entropy``'s window, z and
-burn-in were chosen on the saved series of deep Post-LN seeds 0-17 and the fault harness's seeds
-0-5, and run once on fresh seeds: ``--failures post_ln_without_warmup --first-seed 18 --policies ''
---out benchmarks/results/monitors-postln-rule4.json``, and on a second fresh set, ``--first-seed 24``
-(``--out benchmarks/results/monitors-postln-rule4-fresh.json``). The R-Metric's scoring of its
-gradient variance by factors was chosen on the saved components of every run and run once on a
-third fresh set, ``--first-seed 30`` (``--out benchmarks/results/monitors-postln-rlog-fresh.json``).
-``--first-seed 18 --policies ''`` (the default ``--out``) is the run of every failure under the
-code before that change (its R-Metric figures rescored in the README). The spike detectors at
-matched false alarms (tuned on these runs' controls): ``benchmarks/matched_detectors.py``.
+Run: python benchmarks/monitors.py [--failures a,b] [--seeds 6] [--first-seed 0] [--workers 2]
+[--threads N] [--policies skip,backoff,rollback] [--kinds failing,control,...] (make bench-monitors:
+every failure and policy, about 6.5 hours on 2 cores, two runs at a time: 35 minutes for the two
+width-64 failures, about 6 hours for deep Post-LN's 72 runs of up to 5000 steps; ``--policies ''``
+watches without acting, about 2 hours). The alarm rules were chosen on seeds 0-35 (which seeds saw
+which rule, and every held-out check: benchmarks/monitors-log.md); ``--first-seed 42 --policies ''``
+is the run of every failure under today's code on seeds never run before, the README's table and
+benchmarks/results/monitors.json. The spike detectors at matched false alarms (tuned on these runs'
+controls): ``benchmarks/matched_detectors.py``.
 """
 
 from __future__ import annotations

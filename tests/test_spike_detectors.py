@@ -121,6 +121,23 @@ def test_matched_comparison_tunes_and_judges_on_every_kind_of_control():
     assert rows[RKSP]["earlier_than_every_matched_detector"] == 1  # no detector left to beat
 
 
+def test_matched_comparison_tunes_only_on_the_tuning_seeds():
+    """Controls of seeds neither tuned on nor held out (saved from other checks) do not move the
+    setting, so the table does not depend on which other runs happen to be saved."""
+    from benchmarks.matched_detectors import compare
+
+    olmo = OlmoSkipStep.name
+    runs = [
+        run("control", 0, **{f"{olmo}#1": 300}),  # sigma 50 false-alarms on the tuning control: 100 is kept
+        run("control", 5, **{f"{olmo}#0": 800}),  # another check's control: sigma 100 fires there too
+        run("failing", 9, failed=1000, **{f"{olmo}#0": 100}),
+        run("control", 9),
+    ]
+    assert {r["watcher"]: r for r in compare(runs, held_out={9})}[olmo]["setting"] is None
+    rows = {r["watcher"]: r for r in compare(runs, held_out={9}, tuning={0})}
+    assert rows[olmo]["setting"] == 100 and rows[olmo]["tuning_seeds"] == [0] and rows[olmo]["alarmed"] == 1
+
+
 def test_a_saved_run_s_spectral_alignment_is_rescored_with_today_s_exemptions():
     """A run watched before the MLP projection (fed by GELU) was left out: its collapse there no longer
     counts, the same collapse on a projection fed by a norm still does."""
