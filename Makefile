@@ -82,8 +82,8 @@ bench-monitors: install
 	$(BIN)/python benchmarks/monitors.py --failures attention_logit_growth,low_precision_attention \
 		--first-seed 42 --policies backoff --out benchmarks/results/monitors-backoff-fresh.json
 
-# The spike detectors tuned on the controls of seeds 0-5 (run here first if not saved: about 2
-# hours), judged on bench-monitors' seeds 42-47 beside rksp's monitors: a replay, no training.
+# The spike detectors tuned on the controls of seeds 0-5 (run here first if not saved: about an
+# hour), judged on bench-monitors' seeds 42-47 beside rksp's monitors: a replay, no training.
 bench-monitors-matched: install
 	$(BIN)/python benchmarks/monitors.py --first-seed 0 --kinds control,control_low_lr --policies '' \
 		--out benchmarks/results/monitors-tuning.json

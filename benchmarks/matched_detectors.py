@@ -256,13 +256,13 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="runs replayed at a time")
     parser.add_argument("--out", type=Path, default=RESULTS, help="results JSON")
     args = parser.parse_args()
+    if args.tuning & args.held_out:
+        parser.error("--tuning and --held-out share seeds")
     paths = sorted(p for p in RUNS.glob("*.json") if NAME.fullmatch(p.name))  # unguarded runs only
     if not paths:
         raise SystemExit(f"no saved runs under {RUNS}: run benchmarks/monitors.py first")
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
         runs = list(pool.map(_replay, paths))
-    if args.tuning & args.held_out:
-        parser.error("--tuning and --held-out share seeds")
     rows = compare(runs, args.held_out, args.tuning)
     held_out, today = [r for r in runs if r["seed"] in args.held_out], monitor_code()
     results = {
