@@ -75,12 +75,12 @@ bench-faults: install
 # Issue 16: the monitors and four spike detectors on natural slow failures and their controls, on
 # seeds 42-47 (never used to choose a rule), two runs at a time, resumable
 # (benchmarks/results/monitors/): about 2 hours on 2 cores, nearly all of it deep Post-LN's 18 runs
-# of up to 5000 steps. Then the lr back-off acting on the width-64 runs' alarms (24 runs, about 15
-# minutes). The README's tables are these files' (tests/test_readme_results.py).
+# of up to 5000 steps. Then the three policies acting on the width-64 runs' alarms (72 runs, about
+# 30 minutes). The README's tables are these files' (tests/test_readme_results.py).
 bench-monitors: install
 	$(BIN)/python benchmarks/monitors.py --first-seed 42 --policies ''
 	$(BIN)/python benchmarks/monitors.py --failures attention_logit_growth,low_precision_attention \
-		--first-seed 42 --policies backoff --out benchmarks/results/monitors-backoff-fresh.json
+		--first-seed 42 --policies backoff,rollback,skip --out benchmarks/results/monitors-actions-fresh.json
 
 # The spike detectors tuned on the controls of seeds 0-5 (run here first if not saved: about an
 # hour), judged on bench-monitors' seeds 42-47 beside rksp's monitors: a replay, no training.

@@ -22,7 +22,7 @@ failures, about 6 hours for deep Post-LN's 72 runs of up to 5000 steps); ``--pol
 without acting, about 2 hours. The alarm rules were chosen on seeds 0-35 (which seeds saw which
 rule, and every held-out check: benchmarks/monitors-log.md). ``make bench-monitors`` runs
 ``--first-seed 42 --policies ''``, every failure under today's code on seeds never used to choose a
-rule (benchmarks/results/monitors.json, the README's table), then the lr back-off on its width-64
+rule (benchmarks/results/monitors.json, the README's table), then the three policies on its width-64
 runs. The spike detectors at matched false alarms (tuned on these runs' controls):
 ``benchmarks/matched_detectors.py``.
 """

@@ -111,6 +111,22 @@ def test_a_layer_fed_by_gelu_never_alerts_however_its_inputs_collapse():
     assert levels == [] and exempt == {"0.1"} and "sa_entropy/0.1" in metrics
 
 
+@pytest.mark.parametrize(("collapse_at", "alarms"), [(30, True), (5, False)])
+def test_spectral_alignment_alarms_only_on_a_fresh_collapse(collapse_at, alarms):
+    """The same burst of sigma_1 growth (checks 36-39) alarms when the inputs collapsed within the last
+    FRESH checks, not when they have lived collapsed for longer (a healthy Pre-LN MLP's inputs do)."""
+    from rksp_cli.monitors.spectral_alignment import FRESH
+
+    assert 40 - 30 < FRESH < 36 - 5  # the collapses are fresh and stale throughout the burst
+    rng = torch.Generator().manual_seed(0)
+    rule, log_sigma, found = SignCollapse(), 0.0, []
+    for check in range(40):
+        log_sigma += 0.3 if check >= 36 else 0.01 * (1 + float(torch.rand((), generator=rng)))
+        h = 0.0 if check >= collapse_at else 0.99
+        found += [a.level for a in rule.score(check, {"fc": (h, math.exp(log_sigma), None)})[1]]
+    assert ("alarm" in found) is alarms and found.count("warning") == 1
+
+
 def test_spectral_alignment_rescored_from_its_logged_metrics_gives_the_same_alerts():
     """SignCollapse reads only H_s and sigma_1, so a logged run's metrics, fed back, rescore it exactly
     (how the benchmarks apply a changed exemption to runs watched before it)."""

@@ -19,7 +19,8 @@ RESULTS = ROOT / "benchmarks" / "results"
     [
         ("monitors", "markdown", "monitors.json", "head_to_head"),
         ("matched_detectors", "markdown", "monitors-matched.json", "rows"),
-        ("monitors", "actions_markdown", "monitors-backoff-fresh.json", "actions"),
+        ("matched_detectors", "markdown", "monitors-matched-48-53.json", "rows"),
+        ("monitors", "actions_markdown", "monitors-actions-fresh.json", "actions"),
     ],
 )
 def test_readme_table_is_the_benchmark_output(monkeypatch, module, printer, results, key):

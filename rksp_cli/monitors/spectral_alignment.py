@@ -11,13 +11,24 @@ and transformers' transposed ``Conv1D`` of GPT-2); up to
 power iterations in float32, its sign anchored to the previous check's (flip when <v1_new, v1_old> < 0);
 a warning when H_s falls below 0.8 bit (again only after recovering above 0.9); an alarm when
 H_s < 0.5 bit on 3 consecutive checks *and* sigma_1 is growing abnormally (the robust z of its
-per-check log increment, against the layer's last 20 checks, has a median >= 4 over those 3 checks).
+per-check log increment, against the layer's last 20 checks, has a median >= 4 over those 3 checks)
+*and* the collapse is fresh: H_s was at or above 0.8 bit within the last ``FRESH`` = 20 checks.
 
 Why the sigma_1 condition (ours, not the paper's): on the fault harness's clean runs, inputs of the
 last blocks' projections drifted to one side of v1 in ordinary training (97 alarms over 3 clean
 runs with the H_s rule alone), with sigma_1 steady; asking for one z >= 4 among the 3 checks still
 left 4 (noise in 56 layers x 60 checks), hence the median. The mechanism that makes a collapse dangerous
 is a collapse that lets a consistently signed error grow sigma_1, so the alarm asks for both.
+
+Why fresh (ours): in healthy 12-block Pre-LN runs the MLP's first projection (fed by a LayerNorm)
+collapses in the first few hundred steps and stays collapsed, H_s = 0, while the run trains well;
+a bout of sigma_1 growth 3500-3800 steps later then met both conditions (the only false alarms
+on the 42 Pre-LN controls of seeds 0-47). A collapse older than sigma_1's own history window (20
+checks) belongs to another episode than the growth. The cost, on the 15 failing deep Post-LN runs
+kept (seeds 30-38, 42-47): the alarm on 3 went (collapses 1150-3950 steps old), rksp's first alarm
+moved on one (1631 -> 1231 steps ahead; the others had an earlier alarm). The alarms kept came
+150-700 steps after the collapse. A layer that recovers above the warning line is fresh again when
+it next collapses.
 
 Skipped layers (reported in ``metrics``, never alerting; our choice, the paper does not say):
 * a layer whose inputs already had H_s below the warning line at its first check, since a collapse
@@ -47,6 +58,7 @@ from torch import nn
 from rksp_cli.monitors.base import Alert, Persistence, RobustDrift, TokenSampler, linear_weight
 
 WARNING_BITS, ALARM_BITS, PATIENCE, GROWTH_Z = 0.8, 0.5, 3, 4.0
+FRESH = 20  # checks: a collapse alarms only while the inputs were spread (H_s >= WARNING_BITS) this recently
 REARM_BITS = 0.9  # a warned layer warns again only after recovering above this
 # Pointwise activations whose output has a floor: torch's, and transformers' own (ACT2FN) by name
 BOUNDED_BELOW = (
@@ -138,6 +150,7 @@ class SignCollapse:
         self._growth: dict[str, RobustDrift] = defaultdict(lambda: RobustDrift(direction=1, window=20))
         self._recent_z: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=PATIENCE))
         self._dipped: set[str] = set()  # below the warning line now (warned once on the way down)
+        self._since_spread: dict[str, int] = {}  # checks since H_s was last at or above the warning line
 
     def _sigma_growth(self, name: str, sigma: float) -> float:
         """The median robust z of sigma_1's log increment over the last PATIENCE checks (0 before a history):
@@ -166,9 +179,10 @@ class SignCollapse:
                 self.exempt.add(name)
             if name in self.exempt:
                 continue
+            since = self._since_spread[name] = 0 if h >= WARNING_BITS else self._since_spread.get(name, 0) + 1
             signs = "" if p is None else f" (p+ {p:.2f})"
             collapsed = self.persistence.update(name, h < ALARM_BITS)
-            if collapsed and growth >= GROWTH_Z:
+            if collapsed and growth >= GROWTH_Z and since <= FRESH:
                 reason = (
                     f"sign entropy {h:.3f} bit < {ALARM_BITS} for {PATIENCE} checks{signs} while sigma_1 "
                     f"grows abnormally (robust z {growth:.1f}): inputs collapsed onto the top singular direction"
