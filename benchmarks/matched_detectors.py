@@ -264,7 +264,7 @@ def main() -> None:
         p for p in RUNS.glob("*.json") if (name := NAME.fullmatch(p.name)) and int(name["seed"]) in seeds
     )
     if not paths:
-        raise SystemExit(f"no saved runs of the tuning or held-out seeds under {RUNS}: run benchmarks/monitors.py")
+        parser.error(f"no saved runs of the tuning or held-out seeds under {RUNS}: run benchmarks/monitors.py")
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
         runs = list(pool.map(_replay, paths))
     rows = compare(runs, args.held_out, args.tuning)

@@ -27,7 +27,9 @@ on the 42 Pre-LN controls of seeds 0-47). A collapse older than sigma_1's own hi
 checks) belongs to another episode than the growth. The cost, on the 15 failing deep Post-LN runs
 kept (seeds 30-38, 42-47): the alarm on 3 went (collapses 1150-3950 steps old), rksp's first alarm
 moved on one (1631 -> 1231 steps ahead; the others had an earlier alarm). The alarms kept came
-150-700 steps after the collapse. A layer that recovers above the warning line is fresh again when
+150-700 steps after the collapse. Held out, seeds 48-53: it removed the previous rule's one false
+alarm (Pre-LN seed 52, a layer collapsed since step 50) and one alarm 20 steps before a failure
+that another monitor had preceded. A layer that recovers above the warning line is fresh again when
 it next collapses.
 
 Skipped layers (reported in ``metrics``, never alerting; our choice, the paper does not say):
