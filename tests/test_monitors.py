@@ -19,6 +19,7 @@ from rksp_cli.monitors.faults import FaultJob, run_fault
 from rksp_cli.monitors.r_metric import WEIGHTS, RMetric
 from rksp_cli.monitors.router import router_stats
 from rksp_cli.monitors.spectral_alignment import (
+    FRESH,
     SignCollapse,
     SpectralAlignment,
     activation_fed_layers,
@@ -115,8 +116,6 @@ def test_a_layer_fed_by_gelu_never_alerts_however_its_inputs_collapse():
 def test_spectral_alignment_alarms_only_on_a_fresh_collapse(collapse_at, alarms):
     """The same burst of sigma_1 growth (checks 36-39) alarms when the inputs collapsed within the last
     FRESH checks, not when they have lived collapsed for longer (a healthy Pre-LN MLP's inputs do)."""
-    from rksp_cli.monitors.spectral_alignment import FRESH
-
     assert 40 - 30 < FRESH < 36 - 5  # the collapses are fresh and stale throughout the burst
     rng = torch.Generator().manual_seed(0)
     rule, log_sigma, found = SignCollapse(), 0.0, []
