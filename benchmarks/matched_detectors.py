@@ -7,21 +7,22 @@ detector" compares rksp with rules nobody tuned for these runs. A team would tun
 detector's sensitivity knob is swept (Lightning's ``rtol``, OLMo-core's ``sigma_factor``,
 llm-foundry's ``outlier_multiplier``, Megatron-LM's ``factor``), the most sensitive setting with no
 false alarm on the tuning seeds' controls is kept, and that setting is run on the held-out seeds'
-failing runs and controls. rksp's monitors are as shipped, three of their rules changed after some
+failing runs and controls. rksp's monitors are as shipped, four of their rules changed after some
 held-out runs had been seen: the R-Metric's scoring of its gradient variance by factors (chosen
 after seeds 18-29, first run on 30-35), spectral alignment's exemption of layers fed by a bounded
 activation (chosen after deep Post-LN's healthy low-lr runs of seeds 30-35 alarmed, checked on
-those of seeds 0-5 and 36-41), and its asking for a fresh collapse (chosen after seeds 0-47, first
-scored on 48-53). So the comparison is at (about) equal false alarms, out of sample for the
+those of seeds 0-5 and 36-41), its asking for a fresh collapse (chosen after seeds 0-47, first
+scored on 48-53), and attention entropy's scoring only layers whose updates spread (chosen after
+seeds 0-53, first scored on 54-59). So the comparison is at (about) equal false alarms, out of sample for the
 detectors and, but for those rules, for rksp.
 
 A pure replay of the runs ``benchmarks/monitors.py`` saved under benchmarks/results/monitors/
 (their recorded losses and pre-clip gradient norms) of the tuning and held-out seeds: no training,
-a few minutes on 2 cores. Only rksp's alarms on the held-out seeds are read. The two monitors whose
-rules changed are rescored from each run's logged metrics, exactly, since neither reads anything else: the
-R-Metric from its components (``RMetric.score``), spectral alignment from each layer's sign entropy
-and sigma_1 (``SignCollapse``) with today's exemptions and freshness; every other monitor's alarms
-are as logged. The tuning seeds lend only their controls' losses. Writes
+a few minutes on 2 cores. Only rksp's alarms on the held-out seeds are read. The three monitors
+whose rules changed are rescored from each run's logged metrics, exactly, since none reads anything
+else: the R-Metric from its components (``RMetric.score``), spectral alignment from each layer's sign
+entropy and sigma_1 (``SignCollapse``) with today's exemptions and freshness, attention entropy from
+each layer's QK-update entropy (``UpdateConcentration``); every other monitor's alarms are as logged. The tuning seeds lend only their controls' losses. Writes
 benchmarks/results/monitors-matched.json (``--out``) and prints Markdown.
 Run: python benchmarks/matched_detectors.py [--held-out 42-47] [--tuning 0-5] [--workers 2]
 (make bench-monitors-matched).
@@ -44,6 +45,7 @@ from torch import nn
 
 from rksp_cli.files import atomic_path
 from rksp_cli.models.gpt import GPT
+from rksp_cli.monitors.attention_entropy import UpdateConcentration, find_attention, spectrum_widths
 from rksp_cli.monitors.failures import FAILURES, WatchedRun, by_kind, monitor_code
 from rksp_cli.monitors.r_metric import WEIGHTS, RMetric
 from rksp_cli.monitors.spectral_alignment import SignCollapse, activation_fed_layers
@@ -107,6 +109,22 @@ def activation_fed(failure: str, kind: str) -> frozenset[str]:
     return frozenset(activation_fed_layers(GPT(config), torch.randint(0, config.vocab_size, (1, config.seq_len))))
 
 
+@functools.cache
+def qk_widths(failure: str, kind: str) -> dict[str, int]:
+    """Each attention layer's 2 d_k in the model of a failure's runs of one kind (every seed's)."""
+    return spectrum_widths(find_attention(GPT(FAILURES[failure].spec(kind, 0).model.gpt_config())))
+
+
+def attention_entropy_alarm(run: WatchedRun) -> int | None:
+    """Today's attention entropy's first alarm on a saved run, rescored from its logged per-layer
+    entropies (``UpdateConcentration``: exact, since the rule reads nothing else)."""
+    checks = ((c["step"], c["metrics"]) for c in run.series)
+    alarms = [
+        a.step for a in UpdateConcentration(qk_widths(run.failure, run.kind)).rescore(checks) if a.level == "alarm"
+    ]
+    return min(alarms) if alarms else None
+
+
 def spectral_alignment_alarm(run: WatchedRun) -> int | None:
     """Today's spectral alignment's first alarm on a saved run, rescored from its logged sign entropies
     and sigma_1 (``SignCollapse``: exact, since the rule reads nothing else) with today's exemptions."""
@@ -115,7 +133,11 @@ def spectral_alignment_alarm(run: WatchedRun) -> int | None:
     return min(alarms) if alarms else None
 
 
-RESCORED = {"r_metric": r_metric_alarm, "spectral_alignment": spectral_alignment_alarm}
+RESCORED = {
+    "r_metric": r_metric_alarm,
+    "spectral_alignment": spectral_alignment_alarm,
+    "attention_entropy": attention_entropy_alarm,
+}
 
 
 def _replay(path: Path) -> dict[str, Any]:

@@ -13,7 +13,13 @@ from typer.testing import CliRunner
 from rksp_cli.cli import app
 from rksp_cli.models.gpt import GPT, GPTConfig
 from rksp_cli.monitors import Monitor
-from rksp_cli.monitors.attention_entropy import AttentionSpectralEntropy, delta2_entropy, find_attention
+from rksp_cli.monitors.attention_entropy import (
+    WINDOW,
+    AttentionSpectralEntropy,
+    UpdateConcentration,
+    delta2_entropy,
+    find_attention,
+)
 from rksp_cli.monitors.base import MAD_TO_SIGMA, RobustDrift
 from rksp_cli.monitors.faults import FaultJob, run_fault
 from rksp_cli.monitors.r_metric import WEIGHTS, RMetric
@@ -196,7 +202,7 @@ def test_attention_entropy_alarms_from_a_5_sd_drop_against_40_checks(z, alarms):
     """Healthy deep runs' single-layer dips reached z 4-5 against 20 checks of history; the rule asks
     for 5 sd against 40, on 3 checks in a row."""
     monitor = AttentionSpectralEntropy(find_attention(GPT(GPTConfig(n_layers=1))))
-    alarm = next(iter(monitor.alarms.values()))
+    alarm = next(iter(monitor.rule.alarms.values()))
     plateau = [0.80 + 0.01 * ((7 * t) % 5) for t in range(60)]
     assert not any(alarm.update(t, "layer", v) for t, v in enumerate(plateau))
     assert len(alarm.drift.history) == 40
@@ -205,6 +211,39 @@ def test_attention_entropy_alarms_from_a_5_sd_drop_against_40_checks(z, alarms):
         alert = alarm.update(t, "layer", scoring(alarm.drift, z))
         levels.append(alert.level if alert else None)
     assert levels[-1] == ("alarm" if alarms else None)
+
+
+@pytest.mark.parametrize(("level", "alarms"), [(0.27, False), (0.80, True)])
+def test_attention_entropy_scores_only_layers_whose_updates_spread(level, alarms):
+    """The same 15% drop alarms on a layer whose updates spread over 28 of 64 directions (H = 0.80),
+    not on one confined to 3 (H = 0.27, healthy Post-LN's block 0); either keeps its history."""
+    rule = UpdateConcentration({"layer": 64})
+    plateau = [level * (1 + 0.01 * ((7 * t) % 5)) for t in range(60)]
+    assert not any(rule.score(t, "layer", v) for t, v in enumerate(plateau))
+    levels = {a.level for t in range(60, 63) if (a := rule.score(t, "layer", 0.85 * level))}
+    assert ("alarm" in levels) == alarms
+    assert len(rule.alarms["layer"].drift.history) == WINDOW
+
+
+def test_attention_entropy_rescores_a_logged_run_exactly():
+    """A run's logged per-layer entropies, fed back to the rule, give the alerts the monitor raised."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layers=2))
+    monitor = AttentionSpectralEntropy(find_attention(model), lag_checks=1)
+    qkv = [b.attn.qkv.weight for b in model.blocks]
+    u, v = torch.randn(qkv[0].shape[0], 1), torch.randn(1, qkv[0].shape[1])
+    logged, raised = [], []
+    for check in range(40):
+        with torch.no_grad():
+            for w in qkv:
+                w += 1e-3 * (u @ v if check >= 30 else torch.randn_like(w))
+        metrics, alerts = monitor.check(check)
+        logged.append((check, metrics))
+        raised += alerts
+    assert any(a.level == "alarm" for a in raised)
+    assert monitor.rule.widths == {"blocks.0.attn": 32, "blocks.1.attn": 32}  # d = 64, 4 heads
+    rescored = UpdateConcentration(monitor.rule.widths).rescore(logged)
+    assert [(a.step, a.layer, a.level) for a in rescored] == [(a.step, a.layer, a.level) for a in raised]
 
 
 def test_router_statistics():

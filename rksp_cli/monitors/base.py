@@ -119,14 +119,18 @@ class RobustDrift:
         if self.log:
             value = math.log(max(value, sys.float_info.min))  # an exact 0: far below any positive value
         z = None
-        if len(self.history) >= self.min_history:
-            median = statistics.median(self.history)
+        if (median := self.baseline()) is not None:
             mad = statistics.median(abs(v - median) for v in self.history)
             floor = self.floor if self.log else self.floor * abs(median)
             scale = MAD_TO_SIGMA * max(mad, floor, 1e-12)
             z = self.direction * (value - median) / scale
         self.history.append(value)
         return z
+
+    def baseline(self) -> float | None:
+        """The median of the history a new value is scored against (in log units with ``log``), or
+        None while it is too short to score."""
+        return statistics.median(self.history) if len(self.history) >= self.min_history else None
 
 
 class Persistence:
