@@ -22,7 +22,8 @@ a few minutes on 2 cores. Only rksp's alarms on the held-out seeds are read. The
 whose rules changed are rescored from each run's logged metrics, exactly, since none reads anything
 else: the R-Metric from its components (``RMetric.score``), spectral alignment from each layer's sign
 entropy and sigma_1 (``SignCollapse``) with today's exemptions and freshness, attention entropy from
-each layer's QK-update entropy (``UpdateConcentration``); every other monitor's alarms are as logged. The tuning seeds lend only their controls' losses. Writes
+each layer's QK-update entropy (``UpdateConcentration``); every other monitor's alarms are as
+logged. The tuning seeds lend only their controls' losses. Writes
 benchmarks/results/monitors-matched.json (``--out``) and prints Markdown.
 Run: python benchmarks/matched_detectors.py [--held-out 42-47] [--tuning 0-5] [--workers 2]
 (make bench-monitors-matched).

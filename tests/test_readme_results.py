@@ -20,6 +20,7 @@ RESULTS = ROOT / "benchmarks" / "results"
         ("monitors", "markdown", "monitors.json", "head_to_head"),
         ("matched_detectors", "markdown", "monitors-matched.json", "rows"),
         ("matched_detectors", "markdown", "monitors-matched-48-53.json", "rows"),
+        ("matched_detectors", "markdown", "monitors-matched-54-59.json", "rows"),
         ("monitors", "actions_markdown", "monitors-actions-fresh.json", "actions"),
     ],
 )

@@ -24,17 +24,19 @@ against 5 of 6); dropping the first 10 values brings 4 of 6 back and changes not
 long run. Neighbours: a window of 30 also stays quiet on every deep control; z = 4.5 does not (1
 of 18). Chosen in-sample on those runs, then run on fresh seeds (README).
 
-Only a layer whose updates usually spread count (``SPREAD``): a drop is scored only while the
+Only layers whose updates usually spread are scored (``SPREAD``): a drop counts only while the
 history's median entropy means at least 4 effective directions, (2 d_k)^H (the exponential of the
 unnormalised entropy). Why (issue 16): 3 of the 4 false alarms on 30 healthy deep Post-LN runs (lr
-0.001, seeds 0-5 and 30-53) came on block 0, whose QK update settles near H = 0.27, about 3 of its 64
-directions, and dips to 0.22 for a few hundred steps mid-run; a failure's coherent low-rank error
-turns a spread update into a concentrated one, and an update that is already confined to 3
-directions has nothing left to concentrate. Every alarm of those runs before a failure came on a
-layer spread over 23-31 directions (the width-64 runs' alarms, all after their failures, over 5).
-The fourth false alarm (seed 2, block 1: 0.80 -> 0.72, 27 directions) looks like a failure's and
-stays. Chosen in-sample on seeds 0-53 (the rule reads only the logged entropies, so saved runs rescore
-exactly) before any run of seeds 54-59 was scored; those are its held-out check (README).
+0.001, seeds 0-5 and 30-53) came on block 0, whose QK update settles near H = 0.27, about 3 of its
+64 directions, and dips to 0.22 for a few hundred steps mid-run. A failure's coherent low-rank error
+turns a spread update into a concentrated one; an update already confined to 3 directions has
+nothing left to concentrate. Every alarm before a failure on those seeds' failing runs came on a
+layer spread over 23-31 directions; the width-64 runs' alarms (all after their failures) over 5, so
+4 sits between the two groups. The fourth false alarm (seed 2, block 1: 0.80 -> 0.72, 27
+directions) looks like a failure's and stays. The cost: a layer confined to fewer than 4 directions
+is not watched by this monitor. Chosen in-sample on seeds 0-53 (the rule reads only the logged
+entropies, so saved runs rescore exactly) before any run of seeds 54-59 was scored; those are its
+held-out check (README).
 
 Cost per check: copying W_Q and W_K, and per head two thin QRs of d x 2 d_k matrices and an SVD of a
 2 d_k x 2 d_k core, O(d d_k^2). Memory: one copy of every layer's W_Q and W_K per check in the window.
