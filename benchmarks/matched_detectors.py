@@ -13,8 +13,8 @@ after seeds 18-29, first run on 30-35), spectral alignment's exemption of layers
 activation (chosen after deep Post-LN's healthy low-lr runs of seeds 30-35 alarmed, checked on
 those of seeds 0-5 and 36-41), its asking for a fresh collapse (chosen after seeds 0-47, first
 scored on 48-53), and attention entropy's scoring only layers whose updates spread (chosen after
-seeds 0-53, first scored on 54-59). So the comparison is at (about) equal false alarms, out of sample for the
-detectors and, but for those rules, for rksp.
+seeds 0-53, first scored on 54-59). So the comparison is at (about) equal false alarms, out of
+sample for the detectors and, but for those rules, for rksp.
 
 A pure replay of the runs ``benchmarks/monitors.py`` saved under benchmarks/results/monitors/
 (their recorded losses and pre-clip gradient norms) of the tuning and held-out seeds: no training,
