@@ -73,7 +73,7 @@ bench-faults: install
 	$(BIN)/python benchmarks/faults.py
 
 # Issue 16: the monitors and four spike detectors on natural slow failures and their controls, on
-# seeds 42-47 (used to choose only the last rule change), two runs at a time, resumable
+# seeds 42-47 (used to choose only the last two rule changes), two runs at a time, resumable
 # (benchmarks/results/monitors/): about 2 hours on 2 cores, nearly all of it deep Post-LN's 18 runs
 # of up to 5000 steps. Then the three policies acting on the width-64 runs' alarms (72 runs, about
 # 30 minutes). The README's tables are these files' (tests/test_readme_results.py).

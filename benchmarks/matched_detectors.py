@@ -103,35 +103,37 @@ def r_metric_alarm(run: WatchedRun) -> int | None:
 
 
 @functools.cache
-def activation_fed(failure: str, kind: str) -> frozenset[str]:
-    """The layers today's spectral alignment leaves out (fed by a bounded activation) in the model of a
-    failure's runs of one kind: the model's structure, the same for every seed."""
-    config = FAILURES[failure].spec(kind, 0).model.gpt_config()
-    return frozenset(activation_fed_layers(GPT(config), torch.randint(0, config.vocab_size, (1, config.seq_len))))
+def _model(failure: str, kind: str) -> GPT:
+    """The model of a failure's runs of one kind: its structure is every seed's."""
+    return GPT(FAILURES[failure].spec(kind, 0).model.gpt_config())
 
 
 @functools.cache
-def qk_widths(failure: str, kind: str) -> dict[str, int]:
-    """Each attention layer's 2 d_k in the model of a failure's runs of one kind (every seed's)."""
-    return spectrum_widths(find_attention(GPT(FAILURES[failure].spec(kind, 0).model.gpt_config())))
+def activation_fed(failure: str, kind: str) -> frozenset[str]:
+    """The layers today's spectral alignment leaves out (fed by a bounded activation) in the model of a
+    failure's runs of one kind."""
+    model = _model(failure, kind)
+    tokens = torch.randint(0, model.cfg.vocab_size, (1, model.cfg.seq_len))
+    return frozenset(activation_fed_layers(model, tokens))
+
+
+def _first_alarm(rule: SignCollapse | UpdateConcentration, run: WatchedRun) -> int | None:
+    """A rule's first alarm on a saved run, rescored from its logged metrics check by check."""
+    alarms = [a.step for a in rule.rescore((c["step"], c["metrics"]) for c in run.series) if a.level == "alarm"]
+    return min(alarms) if alarms else None
 
 
 def attention_entropy_alarm(run: WatchedRun) -> int | None:
     """Today's attention entropy's first alarm on a saved run, rescored from its logged per-layer
     entropies (``UpdateConcentration``: exact, since the rule reads nothing else)."""
-    checks = ((c["step"], c["metrics"]) for c in run.series)
-    alarms = [
-        a.step for a in UpdateConcentration(qk_widths(run.failure, run.kind)).rescore(checks) if a.level == "alarm"
-    ]
-    return min(alarms) if alarms else None
+    widths = spectrum_widths(find_attention(_model(run.failure, run.kind)))
+    return _first_alarm(UpdateConcentration(widths), run)
 
 
 def spectral_alignment_alarm(run: WatchedRun) -> int | None:
     """Today's spectral alignment's first alarm on a saved run, rescored from its logged sign entropies
     and sigma_1 (``SignCollapse``: exact, since the rule reads nothing else) with today's exemptions."""
-    rule = SignCollapse(set(activation_fed(run.failure, run.kind)))
-    alarms = [a.step for a in rule.rescore((c["step"], c["metrics"]) for c in run.series) if a.level == "alarm"]
-    return min(alarms) if alarms else None
+    return _first_alarm(SignCollapse(set(activation_fed(run.failure, run.kind))), run)
 
 
 RESCORED = {
