@@ -7,23 +7,25 @@ detector" compares rksp with rules nobody tuned for these runs. A team would tun
 detector's sensitivity knob is swept (Lightning's ``rtol``, OLMo-core's ``sigma_factor``,
 llm-foundry's ``outlier_multiplier``, Megatron-LM's ``factor``), the most sensitive setting with no
 false alarm on the tuning seeds' controls is kept, and that setting is run on the held-out seeds'
-failing runs and controls. rksp's monitors are as shipped, four of their rules changed after some
-held-out runs had been seen: the R-Metric's scoring of its gradient variance by factors (chosen
+failing runs and controls. rksp's monitors are as shipped, one added and four of their rules changed
+after some held-out runs had been seen: the R-Metric's scoring of its gradient variance by factors (chosen
 after seeds 18-29, first run on 30-35), spectral alignment's exemption of layers fed by a bounded
 activation (chosen after deep Post-LN's healthy low-lr runs of seeds 30-35 alarmed, checked on
 those of seeds 0-5 and 36-41), its asking for a fresh collapse (chosen after seeds 0-47, first
-scored on 48-53), and attention entropy's scoring only layers whose updates spread (chosen after
-seeds 0-53, first scored on 54-59). So the comparison is at (about) equal false alarms, out of
-sample for the detectors and, but for those rules, for rksp.
+scored on 48-53), attention entropy's scoring only layers whose updates spread (chosen after
+seeds 0-53, first scored on 54-59), and the sub-layer burst monitor (chosen on the failing runs of
+seeds 46, 48, 58 and 59 and the controls of 46 and 58, first run on 60-65). So the comparison is
+at (about) equal false alarms, out of sample for the detectors and, but for those rules, for rksp.
 
 A pure replay of the runs ``benchmarks/monitors.py`` saved under benchmarks/results/monitors/
 (their recorded losses and pre-clip gradient norms) of the tuning and held-out seeds: no training,
-a few minutes on 2 cores. Only rksp's alarms on the held-out seeds are read. The three monitors
-whose rules changed are rescored from each run's logged metrics, exactly, since none reads anything
-else: the R-Metric from its components (``RMetric.score``), spectral alignment from each layer's sign
-entropy and sigma_1 (``SignCollapse``) with today's exemptions and freshness, attention entropy from
-each layer's QK-update entropy (``UpdateConcentration``); every other monitor's alarms are as
-logged. The tuning seeds lend only their controls' losses. Writes
+a few minutes on 2 cores. Only rksp's alarms on the held-out seeds are read. The monitors whose
+rules changed, and the sub-layer one, are rescored from each run's logged metrics, exactly, since
+none reads anything else: the R-Metric from its components (``RMetric.score``), spectral alignment
+from each layer's sign entropy and sigma_1 (``SignCollapse``) with today's exemptions and freshness,
+attention entropy from each layer's QK-update entropy (``UpdateConcentration``), sub-layer bursts
+from each branch's ratio (``SublayerBurst``); every other monitor's alarms are as logged. A run
+watched before a monitor existed has none of its alarms. The tuning seeds lend only their controls' losses. Writes
 benchmarks/results/monitors-matched.json (``--out``) and prints Markdown.
 Run: python benchmarks/matched_detectors.py [--held-out 42-47] [--tuning 0-5] [--workers 2]
 (make bench-monitors-matched).
@@ -57,6 +59,7 @@ from rksp_cli.monitors.spike_detectors import (
     OlmoSkipStep,
     first_alarm,
 )
+from rksp_cli.monitors.sublayer_ratio import SublayerBurst, find_sublayers
 
 RUNS = Path(__file__).parent / "results" / "monitors"  # where benchmarks/monitors.py saves each run
 RESULTS = RUNS.parent / "monitors-matched.json"
@@ -117,7 +120,7 @@ def activation_fed(failure: str, kind: str) -> frozenset[str]:
     return frozenset(activation_fed_layers(model, tokens))
 
 
-def _first_alarm(rule: SignCollapse | UpdateConcentration, run: WatchedRun) -> int | None:
+def _first_alarm(rule: SignCollapse | UpdateConcentration | SublayerBurst, run: WatchedRun) -> int | None:
     """A rule's first alarm on a saved run, rescored from its logged metrics check by check."""
     alarms = [a.step for a in rule.rescore((c["step"], c["metrics"]) for c in run.series) if a.level == "alarm"]
     return min(alarms) if alarms else None
@@ -136,10 +139,18 @@ def spectral_alignment_alarm(run: WatchedRun) -> int | None:
     return _first_alarm(SignCollapse(set(activation_fed(run.failure, run.kind))), run)
 
 
+def sublayer_ratio_alarm(run: WatchedRun) -> int | None:
+    """Today's sub-layer burst rule's first alarm on a saved run, rescored from its logged ratios
+    (``SublayerBurst``: exact, since the rule reads nothing else)."""
+    model = _model(run.failure, run.kind)
+    return _first_alarm(SublayerBurst(s.name for s in find_sublayers(model.blocks, "blocks")), run)
+
+
 RESCORED = {
     "r_metric": r_metric_alarm,
     "spectral_alignment": spectral_alignment_alarm,
     "attention_entropy": attention_entropy_alarm,
+    "sublayer_ratio": sublayer_ratio_alarm,
 }
 
 

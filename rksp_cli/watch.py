@@ -13,6 +13,7 @@ from rksp_cli.errors import InputError
 HEADLINES: tuple[tuple[str, str, Callable[[list[float]], float]], ...] = (
     ("loss", "loss", max),
     ("spectral alignment: lowest sign entropy (bit)", "sa_entropy_min", min),
+    ("sub-layer output / shortcut (highest)", "sublayer_ratio", max),
     ("attention QK-update entropy (lowest layer)", "qk_entropy_mean", min),
     ("attention: largest logit (highest layer)", "attn_logit_max", max),
     ("output log Z (mean over tokens)", "log_z_mean", max),

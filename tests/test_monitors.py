@@ -31,6 +31,7 @@ from rksp_cli.monitors.spectral_alignment import (
     activation_fed_layers,
     sign_entropy,
 )
+from rksp_cli.monitors.sublayer_ratio import FOLD, SublayerBurst, SublayerRatio, find_sublayers
 from rksp_cli.watch import read_log
 from tests.conftest import hf_config
 from tests.tolerances import entropy_tolerance
@@ -321,8 +322,8 @@ def test_r_metric_rescored_from_its_logged_components_alarms_where_it_did():
     assert 70 in alarms and again == alarms
 
 
-GPT_MONITORS = ["spectral_alignment", "attention_entropy", "attention_logits", "output_logits"]
-HF_MONITORS = ["spectral_alignment", "attention_entropy", "attention_logits"]  # AutoModel: no vocabulary head
+GPT_MONITORS = ["spectral_alignment", "sublayer_ratio", "attention_entropy", "attention_logits", "output_logits"]
+HF_MONITORS = ["spectral_alignment", "sublayer_ratio", "attention_entropy", "attention_logits"]  # no vocabulary head
 
 
 @pytest.mark.parametrize(
@@ -521,3 +522,105 @@ def test_watch_follows_the_log_until_interrupted(tmp_path, monkeypatch):
     result = CliRunner().invoke(app, ["watch", str(log), "--interval", "0.5"])
     assert result.exit_code == 0, result.output
     assert calls == [0.5, 0.5] and "R-Metric" in result.output
+
+
+@pytest.mark.parametrize(
+    ("make", "expected"),
+    [
+        (lambda: GPT(GPTConfig(n_layers=1, norm="pre")), {"blocks.0.attn": "norm1", "blocks.0.mlp": "norm2"}),
+        (lambda: GPT(GPTConfig(n_layers=1, norm="post")), {"blocks.0.attn": "attn", "blocks.0.mlp": "mlp"}),
+        ("llama", {"layers.0.self_attn": "input_layernorm", "layers.0.mlp": "post_attention_layernorm"}),
+        ("gpt2", {"h.0.attn": "ln_1", "h.0.mlp": "ln_2"}),
+    ],
+)
+def test_sublayers_pair_each_branch_with_the_stream_it_is_added_to(make, expected):
+    """Pre-norm: the stream entering the norm before the branch; Post-LN: the branch's own input."""
+    from transformers import AutoModel
+
+    from rksp_cli.monitors import core_model, residual_blocks
+
+    model = core_model(AutoModel.from_config(hf_config(make)) if isinstance(make, str) else make())
+    prefix, blocks = residual_blocks(model)
+    found = {s.name: s for s in find_sublayers(blocks, prefix) if s.name.split(".")[1] == "0"}
+    named = {m: n for n, m in blocks[0].named_children()}
+    assert {name: named[s.shortcut] for name, s in found.items()} == expected
+
+
+def test_sublayers_take_a_sandwich_block_s_pre_feedforward_norm():
+    """Gemma-2-style blocks normalise the attention output (post_attention_layernorm) and the MLP input
+    (pre_feedforward_layernorm): the MLP joins the stream entering the latter."""
+    block = nn.Module()
+    for name in ("input_layernorm", "self_attn", "post_attention_layernorm", "pre_feedforward_layernorm", "mlp"):
+        setattr(block, name, nn.Identity())
+    (attn, mlp) = find_sublayers([block], "layers")
+    assert attn.shortcut is block.input_layernorm and mlp.shortcut is block.pre_feedforward_layernorm
+
+
+def test_sublayer_ratio_is_the_branch_s_size_against_its_shortcut():
+    """A pre-norm block whose branch doubles its input (through an identity norm) has ratio 2 at every
+    check, and nothing is recorded on steps that are not checks."""
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm1, self.attn = nn.Identity(), nn.Linear(8, 8, bias=False)
+            nn.init.eye_(self.attn.weight)
+            self.attn.weight.data *= 2
+
+        def forward(self, x):
+            return x + self.attn(self.norm1(x))
+
+    blocks = nn.ModuleList([Block()])
+    monitor = SublayerRatio(find_sublayers(blocks, "blocks"))
+    x = torch.randn(4, 5, 8)
+    monitor.sampler.armed = False
+    blocks[0](x)
+    assert monitor.check(0) == ({}, [])
+    monitor.sampler.armed = True
+    blocks[0](x)
+    metrics, _ = monitor.check(1)
+    assert metrics["sublayer_ratio/blocks.0.attn"] == pytest.approx(2.0, rel=1e-6)
+    monitor.remove()
+    assert not blocks[0].attn._forward_hooks and not blocks[0].norm1._forward_pre_hooks
+
+
+def _burst_alarms(series: list[float]) -> list[int]:
+    rule = SublayerBurst(["b"])
+    return [t for t, r in enumerate(series) if rule.score(t, "b", r)]
+
+
+def test_sublayer_burst_alarms_on_a_jump_against_a_flat_history_not_on_growth_or_wiggles():
+    """A 4x jump on a noisy but flat history alarms, once; steady growth reaches 3x its median without
+    a z of 8 (the fold test alone would fire), and a 20% wiggle on a series flat to the last digit
+    reaches z 8 without the fold (the z test alone would fire)."""
+    flat = [0.1 * (1 + 0.03 * math.sin(t)) for t in range(30)]
+    assert _burst_alarms([*flat[:25], 0.4, *flat[25:]]) == [25]
+    growth = [0.1 * 1.12**t for t in range(40)]
+    assert growth[30] / statistics.median(growth[10:30]) >= FOLD and _burst_alarms(growth) == []
+    still = [0.1] * 25 + [0.12] + [0.1] * 5
+    assert math.log(1.2) / (MAD_TO_SIGMA * 0.01) >= 8 and _burst_alarms(still) == []
+
+
+def test_sublayer_ratio_alarms_on_a_branch_that_jumps_and_rescores_its_log_exactly(tmp_path):
+    """Post-LN GPT trained with the monitor on; at step 30 one MLP's output projection is scaled 20x:
+    the monitor alarms on that sub-layer, and the rule fed the logged ratios gives the same alarms.
+    (At lr 1e-3 the same jump does not alarm: the ratios still grow fast, their spread hides it.)"""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layers=2, norm="post"))
+    monitor = Monitor(model, every=2, monitors=["sublayer_ratio"], log=tmp_path / "m.jsonl")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)  # slow enough for a flat history
+    ids = torch.randint(0, 103, (4, 16))
+    alerts = []
+    for step in range(36):
+        if step == 30:
+            with torch.no_grad():
+                model.blocks[1].mlp.proj.weight.mul_(20)
+        _, loss = model(ids, ids)
+        loss.backward()
+        alerts += monitor.step(step, loss=loss)
+        optimizer.step()
+        optimizer.zero_grad()
+    assert alerts and alerts[0].step == 30 and {a.layer for a in alerts} == {"blocks.1.mlp"}
+    checks = [(r["step"], r["metrics"]) for r in read_log(tmp_path / "m.jsonl").checks]
+    rescored = SublayerBurst(s.name for s in monitor.monitors[0].sites).rescore(checks)
+    assert rescored == alerts

@@ -9,9 +9,10 @@
         optimizer.step(); optimizer.zero_grad()
 
 ``Monitor`` picks the monitors that apply to the model: spectral alignment (every model with
-linear layers in its blocks), attention spectral entropy and attention-logit growth (when W_Q /
-W_K are found), output-logit drift (when the vocabulary head is found), MoE router health (when
-routers are found) and the R-Metric. Each lives in its own module with its signal,
+linear layers in its blocks), sub-layer bursts (when the blocks' attention and MLP branches are
+found with their norms), attention spectral entropy and attention-logit growth (when W_Q / W_K are
+found), output-logit drift (when the vocabulary head is found), MoE router health (when routers are
+found) and the R-Metric. Each lives in its own module with its signal,
 threshold and cost documented. Between checks ``step`` only records the step time (for the
 straggler count) and arms the input hooks for the next check, so the cost is paid on check steps.
 """
@@ -34,9 +35,18 @@ from rksp_cli.monitors.output_logits import OutputLogits, find_output_head
 from rksp_cli.monitors.r_metric import RMetric
 from rksp_cli.monitors.router import RouterHealth, find_routers
 from rksp_cli.monitors.spectral_alignment import SpectralAlignment
+from rksp_cli.monitors.sublayer_ratio import SublayerRatio, find_sublayers
 from rksp_cli.serialize import dumps
 
-MONITORS = ("spectral_alignment", "attention_entropy", "attention_logits", "output_logits", "router", "r_metric")
+MONITORS = (
+    "spectral_alignment",
+    "sublayer_ratio",
+    "attention_entropy",
+    "attention_logits",
+    "output_logits",
+    "router",
+    "r_metric",
+)
 
 __all__ = ["MONITORS", "Alert", "Monitor"]
 
@@ -88,9 +98,12 @@ class Monitor:
         self.every, self.tensorboard = every, tensorboard
         model = core_model(model)
         self.monitors: list[Check] = []
-        if "spectral_alignment" in wanted:
+        if wanted & {"spectral_alignment", "sublayer_ratio"}:
             prefix, blocks = residual_blocks(model)
+        if "spectral_alignment" in wanted:
             self.monitors.append(SpectralAlignment(blocks, prefix, seed=seed))
+        if "sublayer_ratio" in wanted and (sublayers := find_sublayers(blocks, prefix)):
+            self.monitors.append(SublayerRatio(sublayers))
         sites = find_attention(model) if wanted & {"attention_entropy", "attention_logits"} else []
         if "attention_entropy" in wanted and sites:
             self.monitors.append(AttentionSpectralEntropy(sites))

@@ -1,0 +1,183 @@
+"""Sub-layer bursts: a residual branch whose output suddenly dwarfs the shortcut it is added to.
+
+Signal: per sub-layer (each block's attention and MLP), r = mean_t ||F(x_t)|| / mean_t ||s_t||, the
+size of the branch's output F against the shortcut s it joins, over every token of a check step's
+forward pass. The shortcut is the stream entering the norm before F (Pre-LN, and transformers'
+pre-norm layers) or F's own input (Post-LN: the stream the previous norm put out). Training stays
+stable while sub-layers are small against a large shortcut (Takase et al., "Spike No More", arXiv
+2312.16903), and Post-LN's reliance on its residual branches amplifies what one update does to the
+output (Liu et al. 2020, arXiv 2004.08249): a branch that jumps to several times its usual share of
+the stream, then falls back, is that amplification caught in the act.
+
+Alarm (our choice): r at least ``FOLD`` = 3x the median of the sub-layer's last ``WINDOW`` = 20
+checks *and* at least ``Z`` = 8 robust sd above it, in log units (``RobustDrift(log=True)``; no
+score before 10 checks), at one check: bursts pass in one or two checks, so no persistence is asked.
+Both tests are needed: a fold alone fires on a branch growing steadily through early training (a
+healthy Pre-LN run's last MLP grew 4x against its median), a robust z alone on a series so flat
+that its MAD is at the floor (a 10% wiggle is then 6 sd).
+
+Why (issue 16): deep Post-LN without warmup (12 blocks, lr 0.003) fails early on some seeds, at
+steps 1135-2697, by collapsing to a near-unigram loss within a few steps, with nothing in the other
+monitors' signals moving before it. Rerun with this signal (bit-identical to the saved runs), the
+four such failing runs looked at (seeds 46, 48, 58, 59) showed MLP bursts against a flat history
+239-472 steps before they failed (first alarms at steps 800, 1500, 2050, 2150); on healthy Post-LN
+at lr 0.001 and Pre-LN at lr 0.003 (seeds 46 and 58, 5000 steps each; Pre-LN's MLP branches on
+seed 46 only) none passes both tests, the closest min(fold / 3, z / 8) being 0.52 (Post-LN) and
+0.81 (Pre-LN's attention branches growing 2.5x early in training). Chosen on those runs, then run
+on fresh seeds (README).
+
+Cost per check: the mean row norm of each sub-layer's input and output on the check step's
+forward pass, O(tokens x d) per sub-layer; the hooks do nothing on other steps.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from rksp_cli.monitors.base import Alert, RobustDrift
+
+FOLD = 3.0  # times the sub-layer's median ratio over its history
+Z = 8.0  # robust sd above that median, in log units
+WINDOW = 20  # checks of history
+MIN_HISTORY = 10  # checks before the first score
+# (norm before the branch, branch) as blocks name them, attention first, the first match per branch
+# kept: the built-in GPT, Llama-style layers (Mistral, Qwen, ...), GPT-2; for the MLP, Gemma-2-style
+# sandwich norms come before Llama's post_attention_layernorm, which there normalises the attention output
+PAIRS = (
+    ("norm1", "attn"),
+    ("input_layernorm", "self_attn"),
+    ("ln_1", "attn"),
+    ("norm2", "mlp"),
+    ("pre_feedforward_layernorm", "mlp"),
+    ("post_attention_layernorm", "mlp"),
+    ("ln_2", "mlp"),
+)
+
+
+@dataclass(frozen=True)
+class SubLayer:
+    """One residual branch: the stream it is added to is the input of ``shortcut``; its
+    contribution is the output of ``branch`` (the first element where that is a tuple)."""
+
+    name: str
+    shortcut: nn.Module
+    branch: nn.Module
+
+
+def find_sublayers(blocks: Iterable[nn.Module], prefix: str) -> list[SubLayer]:
+    """Every block's attention and MLP branches with their shortcuts, by the names in ``PAIRS``.
+
+    A block that normalises after the residual add (the built-in GPT's Post-LN and DeepNorm,
+    ``post_norm``) adds each branch to the branch's own input."""
+    sites = []
+    for i, block in enumerate(blocks):
+        post = getattr(block, "post_norm", False) is True
+        found: dict[str, SubLayer] = {}
+        for norm_name, branch_name in PAIRS:
+            norm, branch = getattr(block, norm_name, None), getattr(block, branch_name, None)
+            if branch_name not in found and isinstance(norm, nn.Module) and isinstance(branch, nn.Module):
+                found[branch_name] = SubLayer(f"{prefix}.{i}.{branch_name}", branch if post else norm, branch)
+        sites.extend(found.values())
+    return sites
+
+
+class _RowNorms:
+    """Mean row norm of each sub-layer's shortcut and branch output, on armed steps only (``Monitor``
+    arms it for the forward pass of a check step)."""
+
+    def __init__(self, sites: list[SubLayer]) -> None:
+        self.armed = True
+        self.values: dict[tuple[str, str], float] = {}
+        self._handles = []
+        for s in sites:
+            self._handles.append(s.shortcut.register_forward_pre_hook(self._hook(s.name, "shortcut")))
+            self._handles.append(s.branch.register_forward_hook(self._hook(s.name, "branch")))
+
+    def _hook(self, name: str, part: str):
+        def hook(module: nn.Module, args: tuple, output: object = None) -> None:
+            if not self.armed:
+                return
+            x = args[0] if output is None and args else output
+            x = x[0] if isinstance(x, tuple) else x
+            if isinstance(x, torch.Tensor):
+                self.values[(name, part)] = float(x.detach().float().norm(dim=-1).mean())
+
+        return hook
+
+    def take(self) -> dict[tuple[str, str], float]:
+        values, self.values = self.values, {}
+        return values
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+
+class SublayerBurst:
+    """The alarm rule (module docstring) apart from the measurement: it reads only each check's
+    per-sub-layer ratio, so a logged run's ``sublayer_ratio/*`` metrics, fed back check by check,
+    rescore it exactly."""
+
+    def __init__(self, layers: Iterable[str]) -> None:
+        self.drifts = {name: RobustDrift(+1, window=WINDOW, min_history=MIN_HISTORY, log=True) for name in layers}
+
+    def score(self, step: int, layer: str, ratio: float) -> Alert | None:
+        """The layer's alarm at this check, if any; its history takes the value either way."""
+        drift = self.drifts[layer]
+        median, seen = drift.baseline(), len(drift.history)
+        z = drift.score(ratio)
+        if median is None or z is None:
+            return None
+        fold = ratio / math.exp(median)
+        if fold < FOLD or z < Z:
+            return None
+        reason = (
+            f"sub-layer output/shortcut {ratio:.3g}, {fold:.1f}x its median of the last "
+            f"{seen} checks ({z:.0f} robust sd): a burst"
+        )
+        return Alert(step, SublayerRatio.name, layer, fold, FOLD, "alarm", reason)
+
+    def rescore(self, checks: Iterable[tuple[int, Mapping[str, float]]]) -> list[Alert]:
+        """The alarms of a logged run's checks, (step, metrics) in order, under this rule."""
+        alerts = []
+        for step, metrics in checks:
+            for layer in self.drifts:
+                ratio = metrics.get(f"sublayer_ratio/{layer}")
+                if ratio is not None and (alert := self.score(step, layer, ratio)):
+                    alerts.append(alert)
+        return alerts
+
+
+class SublayerRatio:
+    name = "sublayer_ratio"
+
+    def __init__(self, sites: list[SubLayer]):
+        if not sites:
+            raise ValueError("sub-layer ratio found no attention or MLP branch with its shortcut")
+        self.sites = sites
+        self.sampler = _RowNorms(sites)
+        self.rule = SublayerBurst(s.name for s in sites)
+
+    def remove(self) -> None:
+        self.sampler.remove()
+
+    def check(self, step: int, loss: float | None = None) -> tuple[dict[str, float], list[Alert]]:
+        norms = self.sampler.take()
+        metrics: dict[str, float] = {}
+        alerts: list[Alert] = []
+        for site in self.sites:
+            shortcut, branch = norms.get((site.name, "shortcut")), norms.get((site.name, "branch"))
+            if shortcut is None or branch is None or not shortcut > 0:
+                continue
+            ratio = branch / shortcut
+            if not 0 < ratio < math.inf:  # an exploded or dead step scores nothing
+                continue
+            metrics[f"sublayer_ratio/{site.name}"] = ratio
+            if alert := self.rule.score(step, site.name, ratio):
+                alerts.append(alert)
+        return metrics, alerts
