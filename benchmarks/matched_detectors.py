@@ -75,10 +75,14 @@ KNOBS: dict[type, tuple[str, float, list[float]]] = {
 }
 # rksp's first alarm of any monitor as shipped, and as a guard with one monitor left out
 # (``Monitor(monitors=[...])``): the R-Metric, whose false alarms on healthy deep runs asked for it
-# before it scored its gradient variance by factors, and spectral_alignment, which alarms on
-# healthy Post-LN runs (deep Post-LN's low-lr control)
+# before it scored its gradient variance by factors, spectral_alignment, which alarmed on healthy
+# Post-LN runs (deep Post-LN's low-lr control), and sublayer_ratio, the newest (what rksp was before it)
 RKSP = "rksp (first alarm of any monitor, as shipped)"
-WITHOUT = {"rksp without the R-Metric": "r_metric", "rksp without spectral_alignment": "spectral_alignment"}
+WITHOUT = {
+    "rksp without the R-Metric": "r_metric",
+    "rksp without spectral_alignment": "spectral_alignment",
+    "rksp without sublayer_ratio": "sublayer_ratio",
+}
 NAME = re.compile(r"(?P<failure>[a-z_0-9]+)-(?P<kind>failing|control[a-z_0-9]*)-(?P<seed>\d+)\.json")
 
 

@@ -21,6 +21,7 @@ RESULTS = ROOT / "benchmarks" / "results"
         ("matched_detectors", "markdown", "monitors-matched.json", "rows"),
         ("matched_detectors", "markdown", "monitors-matched-48-53.json", "rows"),
         ("matched_detectors", "markdown", "monitors-matched-54-59.json", "rows"),
+        ("matched_detectors", "markdown", "monitors-matched-60-65.json", "rows"),
         ("monitors", "actions_markdown", "monitors-actions-fresh.json", "actions"),
     ],
 )
