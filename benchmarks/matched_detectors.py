@@ -25,8 +25,8 @@ none reads anything else: the R-Metric from its components (``RMetric.score``), 
 from each layer's sign entropy and sigma_1 (``SignCollapse``) with today's exemptions and freshness,
 attention entropy from each layer's QK-update entropy (``UpdateConcentration``), sub-layer bursts
 from each branch's ratio (``SublayerBurst``); every other monitor's alarms are as logged. A run
-watched before a monitor existed has none of its alarms. The tuning seeds lend only their controls' losses. Writes
-benchmarks/results/monitors-matched.json (``--out``) and prints Markdown.
+watched before a monitor existed has none of its alarms. The tuning seeds lend only their
+controls' losses. Writes benchmarks/results/monitors-matched.json (``--out``) and prints Markdown.
 Run: python benchmarks/matched_detectors.py [--held-out 42-47] [--tuning 0-5] [--workers 2]
 (make bench-monitors-matched).
 """
