@@ -52,7 +52,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from rksp_cli.monitors.base import Alert, DriftAlarm, linear_weight, rescore_per_layer
+from rksp_cli.monitors.base import Alert, DriftAlarm, linear_weight
 
 WINDOW = 40  # checks of history the robust z is scored against
 Z = 5.0  # robust sd of a drop that counts as a breach
@@ -186,7 +186,13 @@ class UpdateConcentration:
 
     def rescore(self, checks: Iterable[tuple[int, Mapping[str, float]]]) -> list[Alert]:
         """The alerts of a logged run's checks, (step, metrics) in order, under this rule."""
-        return rescore_per_layer(self.score, self.widths, "qk_entropy_mean", checks)
+        alerts = []
+        for step, metrics in checks:
+            for layer in self.widths:
+                entropy = metrics.get(f"qk_entropy_mean/{layer}")
+                if entropy is not None and (alert := self.score(step, layer, entropy)):
+                    alerts.append(alert)
+        return alerts
 
 
 class AttentionSpectralEntropy:

@@ -6,7 +6,6 @@ import math
 import statistics
 import sys
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
@@ -132,24 +131,6 @@ class RobustDrift:
         """The median of the history a new value is scored against (in log units with ``log``), or
         None while it is too short to score."""
         return statistics.median(self.history) if len(self.history) >= self.min_history else None
-
-
-def rescore_per_layer(
-    score: Callable[[int, str, float], Alert | None],
-    layers: Iterable[str],
-    family: str,
-    checks: Iterable[tuple[int, Mapping[str, float]]],
-) -> list[Alert]:
-    """A per-layer rule's alerts on a logged run: each check's ``family/<layer>`` metrics, (step,
-    metrics) in order, fed to ``score(step, layer, value)`` as the monitor fed them live."""
-    layers = list(layers)
-    alerts = []
-    for step, metrics in checks:
-        for layer in layers:
-            value = metrics.get(f"{family}/{layer}")
-            if value is not None and (alert := score(step, layer, value)):
-                alerts.append(alert)
-    return alerts
 
 
 class Persistence:

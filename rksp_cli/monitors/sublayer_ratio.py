@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from rksp_cli.monitors.base import Alert, RobustDrift, rescore_per_layer
+from rksp_cli.monitors.base import Alert, RobustDrift
 
 FOLD = 3.0  # times the sub-layer's median ratio over its history
 Z = 8.0  # robust sd above that median, in log units
@@ -88,8 +88,7 @@ def find_sublayers(blocks: Iterable[nn.Module], prefix: str) -> list[SubLayer]:
 
 class _RowNorms:
     """Mean row norm of each sub-layer's shortcut and branch output, on armed steps only (``Monitor``
-    arms it for the forward pass of a check step). Not a ``TokenSampler``: the ratio wants the same
-    tokens on both sides, and two norms need no copy of the rows."""
+    arms it for the forward pass of a check step)."""
 
     def __init__(self, sites: list[SubLayer]) -> None:
         self.armed = True
@@ -145,7 +144,13 @@ class SublayerBurst:
 
     def rescore(self, checks: Iterable[tuple[int, Mapping[str, float]]]) -> list[Alert]:
         """The alarms of a logged run's checks, (step, metrics) in order, under this rule."""
-        return rescore_per_layer(self.score, self.drifts, "sublayer_ratio", checks)
+        alerts = []
+        for step, metrics in checks:
+            for layer in self.drifts:
+                ratio = metrics.get(f"sublayer_ratio/{layer}")
+                if ratio is not None and (alert := self.score(step, layer, ratio)):
+                    alerts.append(alert)
+        return alerts
 
 
 class SublayerRatio:
