@@ -88,7 +88,8 @@ def find_sublayers(blocks: Iterable[nn.Module], prefix: str) -> list[SubLayer]:
 
 class _RowNorms:
     """Mean row norm of each sub-layer's shortcut and branch output, on armed steps only (``Monitor``
-    arms it for the forward pass of a check step)."""
+    arms it for the forward pass of a check step). Not a ``TokenSampler``: the ratio wants the same
+    tokens on both sides, and two norms need no copy of the rows."""
 
     def __init__(self, sites: list[SubLayer]) -> None:
         self.armed = True
