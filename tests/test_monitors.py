@@ -20,10 +20,10 @@ from rksp_cli.monitors.attention_entropy import (
     delta2_entropy,
     find_attention,
 )
-from rksp_cli.monitors.base import MAD_TO_SIGMA, RobustDrift
+from rksp_cli.monitors.base import MAD_TO_SIGMA, DriftAlarm, RobustDrift
 from rksp_cli.monitors.faults import FaultJob, run_fault
 from rksp_cli.monitors.r_metric import WEIGHTS, RMetric
-from rksp_cli.monitors.router import router_stats
+from rksp_cli.monitors.router import ENTROPY_DROP, router_stats
 from rksp_cli.monitors.spectral_alignment import (
     FRESH,
     SignCollapse,
@@ -254,6 +254,20 @@ def test_router_statistics():
     assert stats.entropy == pytest.approx(math.log(4), abs=1e-5)  # identical logits: uniform routing
     peaked = router_stats(torch.eye(4, 8) * 50, torch.eye(8)[:4])
     assert peaked.entropy < 0.01
+
+
+def test_router_entropy_alarm_needs_a_fall_of_a_fifth_not_only_a_large_z():
+    """Healthy routing entropy drifts with a MAD at the floor: a sustained 10% dip is about 7 sd, which
+    z alone alarms on; the router's rule also asks for a fall of ENTROPY_DROP of the median."""
+
+    def alarms(dip: float, min_change: float) -> list[int]:
+        rule = DriftAlarm("router", "routing entropy", -1, min_change=min_change)
+        values = [1.2 + 0.002 * (i % 3) for i in range(20)] + [1.2 * (1 - dip)] * 3
+        return [i for i, v in enumerate(values) if (a := rule.update(i, "r", v)) and a.level == "alarm"]
+
+    assert alarms(0.10, 0.0) == [22]  # z alone: an alarm on the third check of the dip
+    assert alarms(0.10, ENTROPY_DROP) == []
+    assert alarms(0.30, ENTROPY_DROP) == [22]
 
 
 def test_published_r_metric_false_alarms_on_a_falling_loss_and_the_robust_one_does_not():

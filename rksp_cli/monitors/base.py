@@ -148,6 +148,9 @@ class Persistence:
 class DriftAlarm:
     """A signal scored against its own history: a warning at robust z >= ``z``, an alarm once that
     has held for ``patience`` consecutive checks. Shared by the monitors without absolute thresholds.
+    With ``min_change`` a breach also needs the value ``min_change`` x |median| or more past the
+    median: a signal that drifts steadily in health has a small MAD, so z alone reads a few per
+    cent as many sd.
 
     The history is the last ``window`` checks (20, not the reference's 100): in the fault harness a
     100-check window still held the early-training transient, whose spread hid a later drop (an
@@ -163,15 +166,18 @@ class DriftAlarm:
         patience: int = 3,
         window: int = 20,
         burn_in: int = 0,
+        min_change: float = 0.0,
     ):
         self.monitor, self.what, self.z, self.patience = monitor, what, z, patience
+        self.direction, self.min_change = direction, min_change
         self.verb = "fell" if direction < 0 else "rose"
         self.drift = RobustDrift(direction, window=window, burn_in=burn_in)
         self.persistence = Persistence(patience)
 
     def update(self, step: int, layer: str | None, value: float) -> Alert | None:
+        median = self.drift.baseline()
         z = self.drift.score(value)
-        breached = z is not None and z >= self.z
+        breached = z is not None and z >= self.z and self.direction * (value - median) >= self.min_change * abs(median)
         if self.persistence.update("", breached):
             reason = f"{self.what} {value:.3f} {self.verb} {z:.1f} robust sd, {self.patience} checks in a row"
             return Alert(step, self.monitor, layer, z, self.z, "alarm", reason)
