@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from rksp_cli.cli import app
 from rksp_cli.models.gpt import GPT, GPTConfig
-from rksp_cli.monitors import Monitor
+from rksp_cli.monitors import Monitor, sublayer_ratio
 from rksp_cli.monitors.attention_entropy import (
     WINDOW,
     AttentionSpectralEntropy,
@@ -31,7 +31,7 @@ from rksp_cli.monitors.spectral_alignment import (
     activation_fed_layers,
     sign_entropy,
 )
-from rksp_cli.monitors.sublayer_ratio import FOLD, SublayerBurst, SublayerRatio, find_sublayers
+from rksp_cli.monitors.sublayer_ratio import FOLD, JUMP, SublayerBurst, SublayerRatio, find_sublayers
 from rksp_cli.watch import read_log
 from tests.conftest import hf_config
 from tests.tolerances import entropy_tolerance
@@ -613,6 +613,17 @@ def test_sublayer_burst_alarms_on_a_jump_against_a_flat_history_not_on_growth_or
     assert growth[30] / statistics.median(growth[10:30]) >= FOLD and _burst_alarms(growth) == []
     still = [0.1] * 25 + [0.12] + [0.1] * 5
     assert math.log(1.2) / (MAD_TO_SIGMA * 0.01) >= 8 and _burst_alarms(still) == []
+
+
+def test_sublayer_burst_needs_a_jump_over_the_previous_check_not_only_growth_then_a_step(monkeypatch):
+    """Growth over a few checks that ends in a 1.45x step clears the fold and the z (a clean
+    fault-harness run did this) but not the jump; a step of JUMP from the same history alarms."""
+    history = [0.15 * (1 + 0.02 * math.sin(t)) for t in range(14)] + [0.15 * 1.15**t for t in range(1, 7)]
+    growth_then_step = [*history, history[-1] * 1.45]
+    assert _burst_alarms(growth_then_step) == []
+    assert _burst_alarms([*history, history[-1] * JUMP]) == [len(history)]
+    monkeypatch.setattr(sublayer_ratio, "JUMP", 1.0)  # fold and z alone
+    assert _burst_alarms(growth_then_step) == [len(history)]
 
 
 def test_sublayer_ratio_alarms_on_a_branch_that_jumps_and_rescores_its_log_exactly(tmp_path):

@@ -11,10 +11,15 @@ the stream, then falls back, is that amplification caught in the act.
 
 Alarm (our choice): r at least ``FOLD`` = 3x the median of the sub-layer's last ``WINDOW`` = 20
 checks *and* at least ``Z`` = 8 robust sd above it, in log units (``RobustDrift(log=True)``; no
-score before 10 checks), at one check: bursts pass in one or two checks, so no persistence is asked.
-Both tests are needed: a fold alone fires on a branch growing steadily through early training (a
-healthy Pre-LN run's last MLP grew 4x against its median), a robust z alone on a series so flat
-that its MAD is at the floor (a 10% wiggle is then 6 sd).
+score before 10 checks), *and* at least ``JUMP`` = 2x the previous check's r, at one check: bursts
+pass in one or two checks, so no persistence is asked. Each test guards against a false alarm: a
+fold alone fires on a branch growing steadily through early training (a healthy Pre-LN run's last
+MLP grew 4x against its median), a robust z alone on a series so flat that its MAD is at the floor
+(a 10% wiggle is then 6 sd), and the two together on growth that ends in a modest step: a clean
+run of the fault harness (seed 13, checks every 10 steps) whose last MoE branch grew 2.5x in 120
+steps, then 1.43x in one check, reached 3.2x and 9 sd. The bursts before deep Post-LN failures
+were 3-270x the previous check (seeds 60-65, first alarms); the jump test was added after those
+runs and moves none of their first alarms.
 
 Why (issue 16): deep Post-LN without warmup (12 blocks, lr 0.003) fails early on some seeds, at
 steps 1135-2697, by collapsing to a near-unigram loss within a few steps, with nothing in the other
@@ -43,6 +48,7 @@ from rksp_cli.monitors.base import Alert, RobustDrift
 
 FOLD = 3.0  # times the sub-layer's median ratio over its history
 Z = 8.0  # robust sd above that median, in log units
+JUMP = 2.0  # times the previous check's ratio: a burst, not the end of steady growth
 WINDOW = 20  # checks of history
 MIN_HISTORY = 10  # checks before the first score
 # (norm before the branch, branch) as blocks name them, attention first, the first match per branch
@@ -131,11 +137,12 @@ class SublayerBurst:
         """The layer's alarm at this check, if any; its history takes the value either way."""
         drift = self.drifts[layer]
         median, seen = drift.baseline(), len(drift.history)
+        previous = math.exp(drift.history[-1]) if drift.history else None
         z = drift.score(ratio)
         if median is None or z is None:
             return None
         fold = ratio / math.exp(median)
-        if fold < FOLD or z < Z:
+        if fold < FOLD or z < Z or ratio < JUMP * previous:
             return None
         reason = (
             f"sub-layer output/shortcut {ratio:.3g}, {fold:.1f}x its median of the last "
