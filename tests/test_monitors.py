@@ -617,11 +617,12 @@ def test_sublayer_burst_alarms_on_a_jump_against_a_flat_history_not_on_growth_or
 
 def test_sublayer_burst_needs_a_jump_over_the_previous_check_not_only_growth_then_a_step(monkeypatch):
     """Growth over a few checks that ends in a 1.45x step clears the fold and the z (a clean
-    fault-harness run did this) but not the jump; a step of JUMP from the same history alarms."""
+    fault-harness run did this) but not the jump; a step just over JUMP from the same history
+    alarms (just over: the rule reads the previous ratio back through exp(log(r)))."""
     history = [0.15 * (1 + 0.02 * math.sin(t)) for t in range(14)] + [0.15 * 1.15**t for t in range(1, 7)]
     growth_then_step = [*history, history[-1] * 1.45]
     assert _burst_alarms(growth_then_step) == []
-    assert _burst_alarms([*history, history[-1] * JUMP]) == [len(history)]
+    assert _burst_alarms([*history, history[-1] * JUMP * 1.01]) == [len(history)]
     monkeypatch.setattr(sublayer_ratio, "JUMP", 1.0)  # fold and z alone
     assert _burst_alarms(growth_then_step) == [len(history)]
 

@@ -12,7 +12,7 @@ history (median/MAD of the last 20 checks, none before 10), warning at once and 
 3 consecutive checks; a drop of H_tok must also take it ``ENTROPY_DROP`` = 20% below that median.
 Why the second test: routing entropy falls steadily while experts specialise, so its MAD is small
 and z alone alarmed on 3 of 12 clean runs of the fault harness (``rksp faults``, seeds 0-11: dips
-of 6-19% at z 4-9, never three checks in a row past 12%). Of the 12 router collapses, 10 are still
+of 6-19% at z 4-9, never three checks in a row past 11%). Of the 12 router collapses, 10 are still
 caught (11 before): 6 by an entropy fall of 20% or more, 4 by S's rise, two of those 60 and 80
 steps later than before. Chosen on those seeds; later seeds are held out (README). Inputs come
 from a forward pre-hook on check steps, up to 2048 tokens.
