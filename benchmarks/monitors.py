@@ -16,7 +16,9 @@ Each run is saved as JSON under benchmarks/results/monitors/ as it finishes, so 
 a run saved under other monitor code (``monitor_code``: an alarm rule changed) is run again.
 Writes benchmarks/results/monitors.json and prints Markdown.
 Run: python benchmarks/monitors.py [--failures a,b] [--seeds 6] [--first-seed 0] [--workers 2]
-[--threads N] [--policies skip,backoff,rollback] [--kinds failing,control,...]. With every failure
+[--threads N] [--policies skip,backoff,rollback] [--kinds failing,control,...] [--device cuda]
+(``--failures post_ln_without_warmup_wide``, ``failures.GPU_FAILURES``, is sized for a GPU and
+not in the default list). With every failure
 and policy this is about 6.5 hours on 2 cores, two runs at a time (35 minutes for the two width-64
 failures, about 6 hours for deep Post-LN's 72 runs of up to 5000 steps); ``--policies ''`` watches
 without acting, about 2 hours. The alarm rules were chosen on seeds 0-53, all but the last two on 0-35;
@@ -49,6 +51,7 @@ from rksp_cli.monitors.failures import (
     BASE,
     DEFAULT_EVERY,
     FAILURES,
+    GPU_FAILURES,
     WatchedRun,
     by_kind,
     head_to_head,
@@ -63,6 +66,7 @@ RESULTS = HERE / "monitors.json"
 
 
 Job = tuple[str, str, int, str | None]  # failure, kind, seed, policy
+KNOWN = {**FAILURES, **GPU_FAILURES}
 
 
 def _path(job: Job) -> Path:
@@ -70,10 +74,10 @@ def _path(job: Job) -> Path:
     return RUNS / f"{name}-{kind}-{seed}{f'-{policy}' if policy else ''}.json"
 
 
-def _one(job: Job, threads: int) -> Path:
+def _one(job: Job, threads: int, device: str) -> Path:
     name, kind, seed, policy = job
     torch.set_num_threads(threads)
-    run = watch_run(FAILURES[name], kind, seed, every=DEFAULT_EVERY, policy=policy)
+    run = watch_run(KNOWN[name], kind, seed, every=DEFAULT_EVERY, policy=policy, device=device)
     run.notes.append(f"{threads} torch thread(s)")
     with atomic_path(_path(job)) as tmp:
         tmp.write_text(json.dumps(run.as_dict()))
@@ -90,14 +94,14 @@ def _resumable(job: Job, code: str) -> WatchedRun | None:
     return run if run is not None and run.monitor_code == code else None
 
 
-def run_all(jobs: list[Job], workers: int, threads: int) -> list[WatchedRun]:
+def run_all(jobs: list[Job], workers: int, threads: int, device: str = "cpu") -> list[WatchedRun]:
     RUNS.mkdir(parents=True, exist_ok=True)
     code = monitor_code()
     saved = {job: _resumable(job, code) for job in jobs}
     todo = [job for job, run in saved.items() if run is None]
     print(f"{len(jobs) - len(todo)} of {len(jobs)} runs already done; {len(todo)} to go", flush=True)
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        for done, path in enumerate(pool.map(partial(_one, threads=threads), todo), 1):
+        for done, path in enumerate(pool.map(partial(_one, threads=threads, device=device), todo), 1):
             print(f"[{done}/{len(todo)}] {path.name}", flush=True)
     return [saved[job] or _read(job) for job in jobs]
 
@@ -185,6 +189,9 @@ def main() -> None:
     parser.add_argument(
         "--threads", type=int, default=None, help="torch threads per run (default: the cores over the workers)"
     )
+    parser.add_argument(
+        "--device", default="cpu", help="cpu or cuda[:N]: where the runs train (the GPU-sized failures need cuda)"
+    )
     parser.add_argument("--policies", default=",".join(POLICIES), help="guard policies to measure; '' for none")
     parser.add_argument(
         "--kinds",
@@ -200,18 +207,18 @@ def main() -> None:
     )
     args = parser.parse_args()
     names = args.failures.split(",")
-    if unknown := set(names) - set(FAILURES):
-        raise SystemExit(f"--failures: unknown {sorted(unknown)}; choose from {', '.join(FAILURES)}")
+    if unknown := set(names) - set(KNOWN):
+        raise SystemExit(f"--failures: unknown {sorted(unknown)}; choose from {', '.join(KNOWN)}")
     policies = [p for p in args.policies.split(",") if p]
     if unknown := set(policies) - set(POLICIES):
         raise SystemExit(f"--policies: unknown {sorted(unknown)}; choose from {', '.join(POLICIES)}")
     seeds = range(args.first_seed, args.first_seed + args.seeds)
-    known = {k for n in names for k in FAILURES[n].kinds}
+    known = {k for n in names for k in KNOWN[n].kinds}
     kinds = [k for k in args.kinds.split(",") if k] or sorted(known)
     if unknown := set(kinds) - known:
         raise SystemExit(f"--kinds: unknown {sorted(unknown)}; choose from {', '.join(sorted(known))}")
     # a failing run beside its controls, seed by seed
-    cells = [(n, k, s) for n in names for s in seeds for k in FAILURES[n].kinds if k in kinds]
+    cells = [(n, k, s) for n in names for s in seeds for k in KNOWN[n].kinds if k in kinds]
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.workers)
     if args.guarded_only:
         if not policies:
@@ -220,15 +227,20 @@ def main() -> None:
             raise SystemExit(f"--guarded-only: no saved unguarded run {missing[0]} under {RUNS}: run without it first")
         runs = [_read((*c, None)) for c in cells]
     else:
-        runs = run_all([(*c, None) for c in cells], args.workers, threads)
-    guarded = run_all([(*c, p) for p in policies for c in cells], args.workers, threads) if policies else []
-    rows = [] if args.guarded_only else head_to_head(runs)  # a twin's alarms may be another code's
+        runs = run_all([(*c, None) for c in cells], args.workers, threads, args.device)
+    guarded = (
+        run_all([(*c, p) for p in policies for c in cells], args.workers, threads, args.device) if policies else []
+    )
+    rows = [] if args.guarded_only else head_to_head(runs)
+    gpu = (
+        f", {torch.cuda.get_device_name(args.device)}" if args.device.startswith("cuda") else ""
+    )  # a twin's alarms may be another code's
     results = {
-        "machine": f"{cpu_model()}, {threads} torch thread(s) per run, {args.workers} run(s) at a time",
+        "machine": f"{cpu_model()}{gpu}, {threads} torch thread(s) per run, {args.workers} run(s) at a time",
         "every": DEFAULT_EVERY,
         "seeds": list(seeds),
         "base": BASE,
-        "failures": {n: asdict(FAILURES[n]) for n in names},
+        "failures": {n: asdict(KNOWN[n]) for n in names},
         "runs": [_summary(r) for r in runs],
         "head_to_head": rows,
         "actions": actions(runs, guarded),

@@ -3,6 +3,8 @@
 Runs only where CUDA exists (CI has none; the benchmark machine's GPU ran it, see the README).
 """
 
+import math
+
 import pytest
 import torch
 
@@ -49,3 +51,34 @@ def test_a_cuda_probe_labels_clear_cases_as_the_cpu_does(norm, lr, diverges):
     gpu = probe(spec, device="cuda")
     assert gpu.diverged is diverges
     assert gpu.losses[0] == pytest.approx(probe(spec).losses[0], rel=1e-4)  # same init, same first batch
+
+
+def test_every_monitor_and_a_guard_watch_a_cuda_run_as_they_watch_a_cpu_run():
+    from rksp_cli.monitors.failures import Failure, watch_run
+
+    short = {"training.steps": 30, "training.warmup_steps": 0, "model.n_layers": 2, "model.n_experts": 4,
+             "training.lr": 0.01}  # fmt: skip
+    failure = Failure("tiny", "test", failing=short, controls={"control": short}, low_precision_bits=3)
+    gpu, cpu = (watch_run(failure, "control", seed=0, every=5, device=d) for d in ("cuda", "cpu"))
+    assert gpu.monitors == cpu.monitors and "router" in gpu.monitors
+    # the first check sees the same init and batch, so the smooth metrics agree to round-off (float32
+    # on two devices, a few power iterations); entropies of histograms, condition numbers and the
+    # R-Metric's step times are left out: a value on a bin edge or a timer may differ
+    smooth = ("sa_sigma1/", "sublayer_ratio/", "attn_logit_max", "log_z_mean", "router_entropy/", "router_norm/")
+    first_gpu, first_cpu = gpu.series[0]["metrics"], cpu.series[0]["metrics"]
+    compared = [k for k in first_cpu if k.startswith(smooth)]
+    assert len(compared) > 10
+    for name in compared:
+        assert first_gpu[name] == pytest.approx(first_cpu[name], rel=1e-3), name
+    # the low-precision fault and a rollback guard run on the GPU's tensors
+    guarded = watch_run(failure, "failing", seed=0, every=5, policy="rollback", device="cuda")
+    assert len(guarded.losses) == 30 and all(math.isfinite(x) for x in guarded.losses)
+
+
+def test_the_r_metric_reads_the_gpu_s_fault_counters_through_nvml():
+    pytest.importorskip("pynvml")
+    from rksp_cli.monitors.r_metric import HardwareEvents
+
+    events = HardwareEvents()
+    assert events.nvml is not None  # NVML answered: the counters, not stragglers alone
+    assert events.take() >= 0

@@ -320,9 +320,9 @@ def test_watch_run_trains_a_failure_s_spec_with_its_fault_and_guard():
 
 def test_every_failure_s_control_is_the_same_run_with_one_change():
     """A control shares the failing run's model, task and length; one field (or the fault) differs."""
-    from rksp_cli.monitors.failures import FAILURES
+    from rksp_cli.monitors.failures import FAILURES, GPU_FAILURES
 
-    for failure in FAILURES.values():
+    for failure in (*FAILURES.values(), *GPU_FAILURES.values()):
         assert failure.kinds[0] == "failing" and "control" in failure.kinds
         for kind, changes in failure.controls.items():
             failing, control = failure.spec("failing", 0), failure.spec(kind, 0)

@@ -124,6 +124,27 @@ FAILURES = {
         ),
     )
 }
+# Deep Post-LN at 4x the width (512, 12 blocks, 8 heads), sized for a GPU (not in FAILURES: a CPU
+# takes about a second a step). A hidden weight's stable Adam lr falls with width (muP), so the
+# failing lr is a third of width 128's and its low-lr control a third of that again. Chosen before
+# any run at this width, so whether it fails, and slowly, is what its runs measure. Not yet
+# measured: 12 of its runs sharing one H100 (every monitor, one CPU thread each) had not finished
+# 5000 steps after 470 s, the time one device check had (benchmarks/monitors-log.md).
+POST_LN_WIDE = {**POST_LN, "model.d_model": 512, "model.n_heads": 8, "training.lr": 0.001}
+GPU_FAILURES = {
+    f.name: f
+    for f in (
+        Failure(
+            "post_ln_without_warmup_wide",
+            "Xiong et al. 2020 (arXiv 2002.04745); Liu et al. 2020 (arXiv 2004.08249)",
+            failing={**POST_LN_WIDE, "model.norm": "post"},
+            controls={
+                "control": {**POST_LN_WIDE, "model.norm": "pre"},
+                "control_low_lr": {**POST_LN_WIDE, "model.norm": "post", "training.lr": 0.00033},
+            },
+        ),
+    )
+}
 
 
 @dataclass
@@ -232,10 +253,15 @@ def lost_step(losses: list[float], window: int = WINDOW) -> int | None:
 
 
 def watch_run(
-    failure: Failure, kind: str, seed: int, every: int = DEFAULT_EVERY, policy: str | None = None
+    failure: Failure,
+    kind: str,
+    seed: int,
+    every: int = DEFAULT_EVERY,
+    policy: str | None = None,
+    device: str = "cpu",
 ) -> WatchedRun:
-    """Train one failing or control run of ``failure`` with every monitor checking each ``every``
-    steps; with ``policy`` (``guard.POLICIES``) their alarms also act on the run."""
+    """Train one failing or control run of ``failure`` on ``device`` with every monitor checking
+    each ``every`` steps; with ``policy`` (``guard.POLICIES``) their alarms also act on the run."""
     spec = failure.spec(kind, seed)
     made: dict[str, Any] = {}
 
@@ -251,7 +277,7 @@ def watch_run(
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="rksp-watch-") as tmp:
         log = Path(tmp) / "metrics.jsonl"
-        result = probe(spec, watch=partial(watch, log=log))
+        result = probe(spec, watch=partial(watch, log=log), device=device)
         records = [json.loads(line) for line in log.read_text().splitlines()]
     series = [{"step": r["step"], "metrics": r["metrics"]} for r in records if "step" in r]
     watcher = made["monitor"]
@@ -275,7 +301,7 @@ def watch_run(
         final_loss=statistics.fmean(result.losses[-WINDOW:]) if result.losses else math.nan,
         policy=policy,
         actions=getattr(watcher, "actions", []),
-        notes=[f"{elapsed:.0f} s in all"],
+        notes=[f"{elapsed:.0f} s in all on {device}"],
         series=series,
         monitor_code=monitor_code(),
     )
