@@ -11,7 +11,7 @@ TORCH  := torch==2.13.0
 STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 SCREEN ?= screens/gpt-small-noln.yaml
 
-.PHONY: install screen test lint format clean bench-norms bench-sweep bench-dmd bench-scale bench-kss bench-kss-regime bench-faults bench-monitors bench-monitors-matched bench-stability bench-known-spectrum bench-ladder bench-published calibration calibration-gpu horizon rescreen token-samples refit
+.PHONY: install screen test lint format clean bench-norms bench-sweep bench-dmd bench-scale bench-kss bench-kss-regime bench-faults bench-monitors bench-monitors-matched bench-monitors-gpu bench-stability bench-known-spectrum bench-ladder bench-published calibration calibration-gpu horizon rescreen token-samples refit
 
 install: $(STAMP)
 
@@ -88,6 +88,13 @@ bench-monitors-matched: install
 	$(BIN)/python benchmarks/monitors.py --first-seed 0 --kinds control,control_low_lr --policies '' \
 		--out benchmarks/results/monitors-tuning.json
 	$(BIN)/python benchmarks/matched_detectors.py --held-out 42-47
+
+# Deep Post-LN at width 512 (failures.GPU_FAILURES), needs CUDA: 18 runs of up to 5000 steps, four
+# at a time on one GPU (about 75 ms a step each on an H100 with every monitor: about 30 minutes),
+# resumable. Not yet run to the end (benchmarks/monitors-log.md).
+bench-monitors-gpu: install
+	$(BIN)/python benchmarks/monitors.py --failures post_ln_without_warmup_wide --device cuda --workers 4 \
+		--threads 1 --policies '' --out benchmarks/results/monitors-wide.json
 
 # Issue 13's measurement bars: the same model screened with other token samples and sizes (~1.5 min).
 bench-stability: install

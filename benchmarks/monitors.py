@@ -209,6 +209,8 @@ def main() -> None:
     names = args.failures.split(",")
     if unknown := set(names) - set(KNOWN):
         raise SystemExit(f"--failures: unknown {sorted(unknown)}; choose from {', '.join(KNOWN)}")
+    if args.device != "cpu" and not (args.device.startswith("cuda") and torch.cuda.is_available()):
+        raise SystemExit(f"--device {args.device}: no such device here (CUDA available: {torch.cuda.is_available()})")
     policies = [p for p in args.policies.split(",") if p]
     if unknown := set(policies) - set(POLICIES):
         raise SystemExit(f"--policies: unknown {sorted(unknown)}; choose from {', '.join(POLICIES)}")
