@@ -233,10 +233,8 @@ def main() -> None:
     guarded = (
         run_all([(*c, p) for p in policies for c in cells], args.workers, threads, args.device) if policies else []
     )
-    rows = [] if args.guarded_only else head_to_head(runs)
-    gpu = (
-        f", {torch.cuda.get_device_name(args.device)}" if args.device.startswith("cuda") else ""
-    )  # a twin's alarms may be another code's
+    rows = [] if args.guarded_only else head_to_head(runs)  # a twin's alarms may be another code's
+    gpu = f", {torch.cuda.get_device_name(args.device)}" if args.device.startswith("cuda") else ""
     results = {
         "machine": f"{cpu_model()}{gpu}, {threads} torch thread(s) per run, {args.workers} run(s) at a time",
         "every": DEFAULT_EVERY,

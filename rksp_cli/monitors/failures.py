@@ -127,9 +127,9 @@ FAILURES = {
 # Deep Post-LN at 4x the width (512, 12 blocks, 8 heads), sized for a GPU (not in FAILURES: a CPU
 # takes about a second a step). A hidden weight's stable Adam lr falls with width (muP), so the
 # failing lr is a third of width 128's and its low-lr control a third of that again. Chosen before
-# any run at this width, so whether it fails, and slowly, is what its runs measure. Not yet
-# measured: 12 of its runs sharing one H100 (every monitor, one CPU thread each) had not finished
-# 5000 steps after 470 s, the time one device check had (benchmarks/monitors-log.md).
+# any run at this width. Seen once on an H100 (2 failing seeds, 1500 steps): they learned, then
+# were back at chance by step 1400, while Post-LN at the low lr trained; no full run is measured
+# yet (benchmarks/monitors-log.md, make bench-monitors-gpu).
 POST_LN_WIDE = {**POST_LN, "model.d_model": 512, "model.n_heads": 8, "training.lr": 0.001}
 GPU_FAILURES = {
     f.name: f
