@@ -46,7 +46,9 @@ from typing import Any
 import torch
 from machine import cpu_model
 
+from rksp_cli.errors import InputError
 from rksp_cli.files import atomic_path
+from rksp_cli.models import BuildOptions
 from rksp_cli.monitors.failures import (
     BASE,
     DEFAULT_EVERY,
@@ -94,7 +96,7 @@ def _resumable(job: Job, code: str) -> WatchedRun | None:
     return run if run is not None and run.monitor_code == code else None
 
 
-def run_all(jobs: list[Job], workers: int, threads: int, device: str = "cpu") -> list[WatchedRun]:
+def run_all(jobs: list[Job], workers: int, threads: int, device: str) -> list[WatchedRun]:
     RUNS.mkdir(parents=True, exist_ok=True)
     code = monitor_code()
     saved = {job: _resumable(job, code) for job in jobs}
@@ -209,8 +211,10 @@ def main() -> None:
     names = args.failures.split(",")
     if unknown := set(names) - set(KNOWN):
         raise SystemExit(f"--failures: unknown {sorted(unknown)}; choose from {', '.join(KNOWN)}")
-    if args.device != "cpu" and not (args.device.startswith("cuda") and torch.cuda.is_available()):
-        raise SystemExit(f"--device {args.device}: no such device here (CUDA available: {torch.cuda.is_available()})")
+    try:
+        BuildOptions(device=args.device)  # the probes' own check of the device, before any run
+    except InputError as error:
+        raise SystemExit(str(error)) from None
     policies = [p for p in args.policies.split(",") if p]
     if unknown := set(policies) - set(POLICIES):
         raise SystemExit(f"--policies: unknown {sorted(unknown)}; choose from {', '.join(POLICIES)}")
