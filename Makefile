@@ -89,12 +89,19 @@ bench-monitors-matched: install
 		--out benchmarks/results/monitors-tuning.json
 	$(BIN)/python benchmarks/matched_detectors.py --held-out 42-47
 
-# Deep Post-LN at width 512 (failures.GPU_FAILURES), needs CUDA: 18 runs of up to 5000 steps, four
-# at a time on one GPU (about 75 ms a step each on an H100 with every monitor: about 30 minutes),
-# resumable. Not yet run to the end (benchmarks/monitors-log.md).
+# Deep Post-LN at width 512 (failures.GPU_FAILURES), needs CUDA: three runs a seed (failing, Pre-LN
+# and low-lr controls) of up to 5000 steps, all at once on one GPU, each saved in
+# benchmarks/results/monitors-wide/ as it finishes and printing its speed as it goes. Sized for a
+# short GPU loan: the default, 2 seeds from GPU_FIRST_SEED, is 6 runs (4 at once took about 75 ms
+# a step each on an H100 with every monitor, 6 minutes a run; 6 at once is not yet timed). Run it
+# again with the next GPU_FIRST_SEED (keeping the folder) to add seeds; GPU_FIRST_SEED=0
+# GPU_SEEDS=<all> then tables every saved seed without training. Not yet run to the end.
+GPU_SEEDS ?= 2
+GPU_FIRST_SEED ?= 0
 bench-monitors-gpu: install
-	$(BIN)/python benchmarks/monitors.py --failures post_ln_without_warmup_wide --device cuda --workers 4 \
-		--threads 1 --policies '' --out benchmarks/results/monitors-wide.json
+	$(BIN)/python benchmarks/monitors.py --failures post_ln_without_warmup_wide --device cuda \
+		--seeds $(GPU_SEEDS) --first-seed $(GPU_FIRST_SEED) --workers $$((3 * $(GPU_SEEDS))) --threads 1 \
+		--policies '' --progress --runs benchmarks/results/monitors-wide --out benchmarks/results/monitors-wide.json
 
 # Issue 13's measurement bars: the same model screened with other token samples and sizes (~1.5 min).
 bench-stability: install

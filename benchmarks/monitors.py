@@ -17,6 +17,7 @@ a run saved under other monitor code (``monitor_code``: an alarm rule changed) i
 Writes benchmarks/results/monitors.json and prints Markdown.
 Run: python benchmarks/monitors.py [--failures a,b] [--seeds 6] [--first-seed 0] [--workers 2]
 [--threads N] [--policies skip,backoff,rollback] [--kinds failing,control,...] [--device cuda]
+[--progress] [--runs DIR]
 (``--failures post_ln_without_warmup_wide``, ``failures.GPU_FAILURES``, is sized for a GPU and
 not in the default list). With every failure
 and policy this is about 6.5 hours on 2 cores, two runs at a time (35 minutes for the two width-64
@@ -35,11 +36,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import statistics
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict
-from functools import partial
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -71,41 +72,49 @@ Job = tuple[str, str, int, str | None]  # failure, kind, seed, policy
 KNOWN = {**FAILURES, **GPU_FAILURES}
 
 
-def _path(job: Job) -> Path:
-    name, kind, seed, policy = job
-    return RUNS / f"{name}-{kind}-{seed}{f'-{policy}' if policy else ''}.json"
+@dataclass(frozen=True)
+class Runner:
+    """Where and how the runs train, and where each is saved as it finishes."""
 
+    runs: Path = RUNS
+    workers: int = 2
+    threads: int = 1
+    device: str = "cpu"
+    progress: bool = False  # each run logs its step, loss and time a step (the probe's logger)
 
-def _one(job: Job, threads: int, device: str) -> Path:
-    name, kind, seed, policy = job
-    torch.set_num_threads(threads)
-    run = watch_run(KNOWN[name], kind, seed, every=DEFAULT_EVERY, policy=policy, device=device)
-    run.notes.append(f"{threads} torch thread(s)")
-    with atomic_path(_path(job)) as tmp:
-        tmp.write_text(json.dumps(run.as_dict()))
-    return _path(job)
+    def path(self, job: Job) -> Path:
+        name, kind, seed, policy = job
+        return self.runs / f"{name}-{kind}-{seed}{f'-{policy}' if policy else ''}.json"
 
+    def read(self, job: Job) -> WatchedRun:
+        return WatchedRun.from_dict(json.loads(self.path(job).read_text()))
 
-def _read(job: Job) -> WatchedRun:
-    return WatchedRun.from_dict(json.loads(_path(job).read_text()))
+    def resumable(self, job: Job, code: str) -> WatchedRun | None:
+        """The saved run, unless there is none or it was watched under other monitor code."""
+        run = self.read(job) if self.path(job).is_file() else None
+        return run if run is not None and run.monitor_code == code else None
 
+    def one(self, job: Job) -> Path:
+        name, kind, seed, policy = job
+        torch.set_num_threads(self.threads)
+        if self.progress:  # named by run: the workers share one terminal
+            logging.basicConfig(format=f"  {self.path(job).stem}: %(message)s", level=logging.INFO, force=True)
+        run = watch_run(KNOWN[name], kind, seed, every=DEFAULT_EVERY, policy=policy, device=self.device)
+        run.notes.append(f"{self.threads} torch thread(s)")
+        with atomic_path(self.path(job)) as tmp:
+            tmp.write_text(json.dumps(run.as_dict()))
+        return self.path(job)
 
-def _resumable(job: Job, code: str) -> WatchedRun | None:
-    """The saved run, unless there is none or it was watched under other monitor code."""
-    run = _read(job) if _path(job).is_file() else None
-    return run if run is not None and run.monitor_code == code else None
-
-
-def run_all(jobs: list[Job], workers: int, threads: int, device: str) -> list[WatchedRun]:
-    RUNS.mkdir(parents=True, exist_ok=True)
-    code = monitor_code()
-    saved = {job: _resumable(job, code) for job in jobs}
-    todo = [job for job, run in saved.items() if run is None]
-    print(f"{len(jobs) - len(todo)} of {len(jobs)} runs already done; {len(todo)} to go", flush=True)
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        for done, path in enumerate(pool.map(partial(_one, threads=threads, device=device), todo), 1):
-            print(f"[{done}/{len(todo)}] {path.name}", flush=True)
-    return [saved[job] or _read(job) for job in jobs]
+    def run_all(self, jobs: list[Job]) -> list[WatchedRun]:
+        self.runs.mkdir(parents=True, exist_ok=True)
+        code = monitor_code()
+        saved = {job: self.resumable(job, code) for job in jobs}
+        todo = [job for job, run in saved.items() if run is None]
+        print(f"{len(jobs) - len(todo)} of {len(jobs)} runs already done; {len(todo)} to go", flush=True)
+        with ProcessPoolExecutor(max_workers=self.workers) as pool:
+            for done, path in enumerate(pool.map(self.one, todo), 1):
+                print(f"[{done}/{len(todo)}] {path.name}", flush=True)
+        return [saved[job] or self.read(job) for job in jobs]
 
 
 def actions(watched: list[WatchedRun], guarded: list[WatchedRun]) -> list[dict[str, Any]]:
@@ -187,12 +196,16 @@ def main() -> None:
         "--first-seed", type=int, default=0, help="seeds first-seed.. (the alarm rules were chosen on 0-59)"
     )
     parser.add_argument("--out", type=Path, default=RESULTS, help="results JSON")
+    parser.add_argument("--runs", type=Path, default=RUNS, help="folder of the saved runs (resumed from)")
     parser.add_argument("--workers", type=int, default=2, help="runs at a time")
     parser.add_argument(
         "--threads", type=int, default=None, help="torch threads per run (default: the cores over the workers)"
     )
     parser.add_argument(
         "--device", default="cpu", help="cpu or cuda[:N]: where the runs train (the GPU-sized failures need cuda)"
+    )
+    parser.add_argument(
+        "--progress", action="store_true", help="each run prints its step, loss and time a step 20 times"
     )
     parser.add_argument("--policies", default=",".join(POLICIES), help="guard policies to measure; '' for none")
     parser.add_argument(
@@ -226,17 +239,18 @@ def main() -> None:
     # a failing run beside its controls, seed by seed
     cells = [(n, k, s) for n in names for s in seeds for k in KNOWN[n].kinds if k in kinds]
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.workers)
+    runner = Runner(args.runs, args.workers, threads, args.device, args.progress)
     if args.guarded_only:
         if not policies:
             raise SystemExit("--guarded-only: name the policies to run (--policies)")
-        if missing := [_path((*c, None)).name for c in cells if not _path((*c, None)).is_file()]:
-            raise SystemExit(f"--guarded-only: no saved unguarded run {missing[0]} under {RUNS}: run without it first")
-        runs = [_read((*c, None)) for c in cells]
+        if missing := [runner.path((*c, None)).name for c in cells if not runner.path((*c, None)).is_file()]:
+            raise SystemExit(
+                f"--guarded-only: no saved unguarded run {missing[0]} under {args.runs}: run without it first"
+            )
+        runs = [runner.read((*c, None)) for c in cells]
     else:
-        runs = run_all([(*c, None) for c in cells], args.workers, threads, args.device)
-    guarded = (
-        run_all([(*c, p) for p in policies for c in cells], args.workers, threads, args.device) if policies else []
-    )
+        runs = runner.run_all([(*c, None) for c in cells])
+    guarded = runner.run_all([(*c, p) for p in policies for c in cells]) if policies else []
     rows = [] if args.guarded_only else head_to_head(runs)  # a twin's alarms may be another code's
     gpu = f", {torch.cuda.get_device_name(args.device)}" if args.device.startswith("cuda") else ""
     results = {

@@ -23,6 +23,7 @@ the init-time features and the outcome of training exactly that init.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import statistics
 import time
@@ -49,6 +50,9 @@ _NO_RISK = RuleBasedRisk()  # tracking reads the spectra; the risk of a half-tra
 TAIL_STEPS = 20  # the stall label compares the mean loss of the last steps with the first loss
 BASELINE_STEP = 100  # "gradient norm at step 100" in the paper's Table 2
 SPIKE_WINDOW, SPIKE_FACTOR = 20, 1.5
+PROGRESS_REPORTS = 20  # INFO lines per run on the module's logger (silent unless a handler is set)
+
+log = logging.getLogger(__name__)
 
 StepCallback = Callable[[int, float, float], None]  # (step, loss, grad norm)
 
@@ -129,7 +133,8 @@ def probe(
     ``watch`` builds, from the initialised model, its optimizer and lr schedule, something that sees
     every step after backward (before clipping), e.g. ``lambda model, *_: Monitor(model, every=10)``;
     its alerts land in ``alerts``. ``training.guard`` builds a ``Guard`` as the watch (the two are
-    exclusive), and what it did lands in ``actions``.
+    exclusive), and what it did lands in ``actions``. Progress goes to the ``rksp_cli.probe`` logger
+    at INFO, ``PROGRESS_REPORTS`` lines a run, for long runs in workers with no terminal of their own.
     """
     if spec.model.arch != "gpt":
         raise InputError("rksp probe trains the built-in gpt (model.arch: gpt); transformers models are screened only")
@@ -190,6 +195,9 @@ def probe(
         grads.append(grad_norm)
         if on_step is not None:
             on_step(step, loss_value, grad_norm)
+        if (step + 1) % max(1, train.steps // PROGRESS_REPORTS) == 0:
+            per_step = (time.perf_counter() - t_train) / (step + 1)
+            log.info("step %d/%d: loss %.3f, %.0f ms a step", step + 1, train.steps, loss_value, 1e3 * per_step)
         why = divergence_reason(loss_value, grad_norm, train.diverge_loss, train.diverge_grad_norm)
         if why:
             diverged_step, reason = step, f"{why} at step {step}"

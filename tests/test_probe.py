@@ -1,6 +1,7 @@
 """Probe tasks and the labelled training runs."""
 
 import json
+import logging
 import math
 
 import pytest
@@ -197,3 +198,15 @@ def test_an_unguarded_config_keeps_its_run_key():
     plain = _spec(training={"lr": 1e-3})
     assert plain.key() == _spec(training={"lr": 1e-3, "guard": None, "guard_every": 50}).key()
     assert plain.key() != _spec(training={"lr": 1e-3, "guard": "backoff"}).key()
+
+
+def test_progress_goes_to_the_probe_logger_at_info_and_stops_where_training_stops(caplog):
+    with caplog.at_level(logging.INFO, logger="rksp_cli.probe"):
+        probe(_spec({"norm": "pre"}, {"lr": 1e-3, "steps": 40}))
+    lines = [r.getMessage() for r in caplog.records if r.name == "rksp_cli.probe"]
+    assert [line.split(":")[0] for line in lines] == [f"step {s}/40" for s in range(2, 41, 2)]
+    assert all("ms a step" in line for line in lines)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="rksp_cli.probe"):
+        run = probe(_spec({"norm": "pre"}, {"lr": 1e-3, "steps": 40, "diverge_loss": 1.0}))
+    assert run.diverged_step == 0 and not [r for r in caplog.records if r.name == "rksp_cli.probe"]
