@@ -23,6 +23,7 @@ RESULTS = ROOT / "benchmarks" / "results"
         ("matched_detectors", "markdown", "monitors-matched-54-59.json", "rows"),
         ("matched_detectors", "markdown", "monitors-matched-60-65.json", "rows"),
         ("matched_detectors", "markdown", "monitors-matched-66-71.json", "rows"),
+        ("matched_detectors", "markdown", "monitors-matched-72-77.json", "rows"),
         ("monitors", "actions_markdown", "monitors-actions-fresh.json", "actions"),
     ],
 )
