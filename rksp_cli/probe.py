@@ -175,6 +175,7 @@ def probe(
     grads: list[float] = []
     diverged_step, reason = None, f"no divergence in {train.steps} steps"
     trajectory: list[dict[str, float]] = []
+    report_every = max(1, train.steps // PROGRESS_REPORTS)
     for step in range(train.steps):
         if train.track_every and step % train.track_every == 0 and screen is not None:
             trajectory.append(_spectra_now(subject, spec, screen, step, kss, device))
@@ -195,7 +196,7 @@ def probe(
         grads.append(grad_norm)
         if on_step is not None:
             on_step(step, loss_value, grad_norm)
-        if (step + 1) % max(1, train.steps // PROGRESS_REPORTS) == 0:
+        if (step + 1) % report_every == 0:
             per_step = (time.perf_counter() - t_train) / (step + 1)
             log.info("step %d/%d: loss %.3f, %.0f ms a step", step + 1, train.steps, loss_value, 1e3 * per_step)
         why = divergence_reason(loss_value, grad_norm, train.diverge_loss, train.diverge_grad_norm)
