@@ -26,9 +26,11 @@ from each layer's sign entropy and sigma_1 (``SignCollapse``) with today's exemp
 attention entropy from each layer's QK-update entropy (``UpdateConcentration``), sub-layer bursts
 from each branch's ratio (``SublayerBurst``); every other monitor's alarms are as logged. A run
 watched before a monitor existed has none of its alarms. The tuning seeds lend only their
-controls' losses. Writes benchmarks/results/monitors-matched.json (``--out``) and prints Markdown.
-Run: python benchmarks/matched_detectors.py [--held-out 42-47] [--tuning 0-5] [--workers 2]
-(make bench-monitors-matched).
+controls' losses; with ``--settings-from`` an earlier results file lends its settings instead, so
+only the held-out runs need be saved. Writes benchmarks/results/monitors-matched.json (``--out``)
+and prints Markdown.
+Run: python benchmarks/matched_detectors.py [--held-out 42-47] [--tuning 0-5 | --settings-from
+FILE] [--workers 2] (make bench-monitors-matched).
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from rksp_cli.files import atomic_path
+from rksp_cli.errors import InputError
+from rksp_cli.files import atomic_path, check_writable
 from rksp_cli.models.gpt import GPT
 from rksp_cli.monitors.attention_entropy import UpdateConcentration, find_attention, spectrum_widths
 from rksp_cli.monitors.failures import FAILURES, WatchedRun, by_kind, monitor_code
@@ -83,6 +86,8 @@ WITHOUT = {
     "rksp without spectral_alignment": "spectral_alignment",
     "rksp without sublayer_ratio": "sublayer_ratio",
 }
+# Issue 16's lead bar: an alarm at least this many steps, and this share of the steps run, before the failure
+BAR_STEPS, BAR_SHARE = 100, 0.10
 NAME = re.compile(r"(?P<failure>[a-z_0-9]+)-(?P<kind>failing|control[a-z_0-9]*)-(?P<seed>\d+)\.json")
 
 
@@ -193,6 +198,7 @@ def _judge(failing: list[dict[str, Any]], controls: list[dict[str, Any]], watche
         "alarmed": len(leads),
         "median_lead_steps": statistics.median(lead for lead, _ in leads) if leads else None,
         "median_lead_share": statistics.median(lead / max(at, 1) for lead, at in leads) if leads else None,
+        "lead_bar_met": sum(lead >= BAR_STEPS and lead >= BAR_SHARE * at for lead, at in leads),
         "controls": len(controls),
         "false_alarms": sum(r["alarms"][watcher] is not None for r in controls),
         "false_alarms_by_control": {
@@ -213,12 +219,21 @@ def _earlier(failing: list[dict[str, Any]], first: str, then: str) -> int:
     return sum(_before(r, first, then) for r in failing)
 
 
-def compare(runs: list[dict[str, Any]], held_out: set[int], tuning: set[int] | None = None) -> list[dict[str, Any]]:
+def compare(
+    runs: list[dict[str, Any]],
+    held_out: set[int],
+    tuning: set[int] | None = None,
+    settings: dict[tuple[str, str], dict[str, Any]] | None = None,
+) -> list[dict[str, Any]]:
     """Per failure and detector: the setting matched on the tuning seeds' controls (``tuning``;
     None: every seed not held out), its held-out figures,
     and on how many held-out failures rksp's first alarm came before the detector's (or the detector
     had none before the failure); then rksp's monitors as shipped on the same runs, with the failures
-    on which their first alarm came before every matched detector's."""
+    on which their first alarm came before every matched detector's.
+
+    ``settings`` (``tuned_settings``: by failure and detector, a setting and the tuning it came
+    from) takes each matched setting from an earlier comparison instead: the tuning seeds' runs are
+    then not needed, and the curve's tuning false alarms are not known (None)."""
     rows = []
     for failure in dict.fromkeys(r["failure"] for r in runs):
         mine = [r for r in runs if r["failure"] == failure]
@@ -226,18 +241,24 @@ def compare(runs: list[dict[str, Any]], held_out: set[int], tuning: set[int] | N
         failing = [r for r in mine if r["kind"] == "failing" and r["seed"] in held_out]
         spare = [r for r in mine if r["kind"] != "failing" and r["seed"] not in held_out]
         tune = [r for r in spare if tuning is None or r["seed"] in tuning]
-        if not tune or not failing:
+        if not failing or (settings is None and not tune):
             continue
         matched = []  # each detector's key at its matched setting
         for cls, (knob, default, values) in KNOBS.items():
             keys = [f"{cls.name}#{i}" for i in range(len(values))]
-            tuned = [sum(r["alarms"][k] is not None for r in tune) for k in keys]
-            setting = matched_setting(tuned, values)
+            if settings is None:
+                counts = [sum(r["alarms"][k] is not None for r in tune) for k in keys]
+                tuned = {"setting": matched_setting(counts, values), "tuning_controls": len(tune),
+                         "tuning_seeds": sorted({r["seed"] for r in tune})}  # fmt: skip
+            elif (failure, cls.name) in settings:
+                counts, tuned = [None] * len(values), settings[failure, cls.name]
+            else:
+                raise ValueError(f"the settings given have no tuned {cls.name} for {failure}")
+            setting = tuned["setting"]
             row = {
-                "failure": failure, "watcher": cls.name, "knob": knob, "default": default, "setting": setting,
-                "tuning_controls": len(tune), "tuning_seeds": sorted({r["seed"] for r in tune}),
+                "failure": failure, "watcher": cls.name, "knob": knob, "default": default, **tuned,
                 "curve": [{knob: v, "tuning_false_alarms": n, **_judge(failing, controls, k)}
-                          for v, n, k in zip(values, tuned, keys, strict=True)],
+                          for v, n, k in zip(values, counts, keys, strict=True)],
             }  # fmt: skip
             if setting is not None:
                 key = keys[values.index(setting)]
@@ -252,6 +273,16 @@ def compare(runs: list[dict[str, Any]], held_out: set[int], tuning: set[int] | N
                 "earlier_than_every_matched_detector": len(ahead),
             })  # fmt: skip
     return rows
+
+
+def tuned_settings(results: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
+    """Each detector's matched setting, by failure and detector name, from an earlier comparison's
+    results (what ``main`` writes), with the tuning it came from: ``compare``'s ``settings``."""
+    return {
+        (r["failure"], r["watcher"]): {k: r[k] for k in ("setting", "tuning_controls", "tuning_seeds")}
+        for r in results["rows"]
+        if "knob" in r
+    }
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
@@ -294,12 +325,29 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--held-out", type=_seeds, default="42-47", help="seeds judged (a range a-b)")
     parser.add_argument("--tuning", type=_seeds, default="0-5", help="seeds whose controls tune the detectors")
+    parser.add_argument(
+        "--settings-from",
+        type=Path,
+        help="take each detector's matched setting from this earlier results JSON instead of tuning "
+        "again (the tuning seeds' runs are then not needed)",
+    )
     parser.add_argument("--workers", type=int, default=2, help="runs replayed at a time")
     parser.add_argument("--out", type=Path, default=RESULTS, help="results JSON")
     args = parser.parse_args()
-    if args.tuning & args.held_out:
+    settings, tuning = None, args.tuning
+    if args.settings_from is not None:
+        try:
+            earlier = json.loads(args.settings_from.read_text())
+            settings, tuning = tuned_settings(earlier), set(earlier["tuning_seeds"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            parser.error(f"--settings-from {args.settings_from}: not a results file of this script ({exc})")
+    if tuning & args.held_out:
         parser.error("--tuning and --held-out share seeds")
-    seeds = args.tuning | args.held_out
+    try:
+        check_writable(args.out, "--out")
+    except InputError as exc:
+        parser.error(str(exc))
+    seeds = args.held_out if settings is not None else tuning | args.held_out
     paths = sorted(  # unguarded runs of the seeds compared
         p for p in RUNS.glob("*.json") if (name := NAME.fullmatch(p.name)) and int(name["seed"]) in seeds
     )
@@ -307,11 +355,12 @@ def main() -> None:
         parser.error(f"no saved runs of the tuning or held-out seeds under {RUNS}: run benchmarks/monitors.py")
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
         runs = list(pool.map(_replay, paths))
-    rows = compare(runs, args.held_out, args.tuning)
+    rows = compare(runs, args.held_out, tuning, settings)
     held_out, today = [r for r in runs if r["seed"] in args.held_out], monitor_code()
     results = {
         "held_out_seeds": sorted(args.held_out),
-        "tuning_seeds": sorted(args.tuning),
+        "tuning_seeds": sorted(tuning),
+        **({"settings_from": args.settings_from.name} if settings is not None else {}),
         "runs": len(runs),
         "held_out_runs_watched_under_today_s_code": f"{sum(r['monitor_code'] == today for r in held_out)} of "
         f"{len(held_out)}",

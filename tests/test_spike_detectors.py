@@ -174,3 +174,44 @@ def test_a_saved_run_s_spectral_alignment_is_rescored_with_today_s_exemptions():
 
     assert spectral_alignment_alarm(saved("blocks.0.attn.qkv")) == 50 * 22  # third collapsed check
     assert spectral_alignment_alarm(saved("blocks.0.mlp.proj")) is None
+
+
+def test_matched_comparison_with_settings_from_an_earlier_one_reproduces_it_without_tuning_runs():
+    """``--settings-from``: the settings an earlier comparison tuned, read back from its rows, judge
+    the held-out runs exactly as re-tuning would, with no tuning seed's run at hand."""
+    from benchmarks.matched_detectors import compare, tuned_settings
+
+    olmo = OlmoSkipStep.name
+    tuning_runs = [run("control", 0, **{f"{olmo}#1": 300})]  # sigma 50 false-alarms: 100 is kept
+    held_out = [
+        run("failing", 9, failed=1000, **{f"{olmo}#0": 100, f"{olmo}#1": 50}),
+        run("control", 9, **{f"{olmo}#1": 20}),
+    ]
+    tuned = compare(tuning_runs + held_out, held_out={9}, tuning={0})
+    again = compare(held_out, held_out={9}, settings=tuned_settings({"rows": tuned}))
+
+    def without_tuning_counts(rows: list[dict]) -> list[dict]:
+        return [r | {"curve": [{k: v for k, v in c.items() if k != "tuning_false_alarms"} for c in r.get("curve", [])]}
+                for r in rows]  # fmt: skip
+
+    assert without_tuning_counts(again) == without_tuning_counts(tuned)
+    assert {r["watcher"]: r for r in again}[olmo]["setting"] == 100
+    assert all(c["tuning_false_alarms"] is None for r in again for c in r.get("curve", []))
+    with pytest.raises(ValueError, match=r"no tuned .* for f"):
+        compare(held_out, held_out={9}, settings={})
+
+
+def test_lead_bar_asks_for_both_100_steps_and_a_tenth_of_the_run():
+    """Issue 16's lead bar as the comparison counts it: 150 steps ahead of a failure at step 2000 is
+    not 10% of the run; 99 steps ahead of one at 500 is not 100 steps; an alarm after it is no lead."""
+    from benchmarks.matched_detectors import RKSP, compare
+
+    runs = [
+        run("control", 0),
+        run("failing", 1, failed=2000, **{RKSP: 1850}),
+        run("failing", 2, failed=500, **{RKSP: 401}),
+        run("failing", 3, failed=1000, **{RKSP: 900}),  # exactly 100 steps and 10%: met
+        run("failing", 4, failed=1000, **{RKSP: 1001}),
+    ]
+    rows = {r["watcher"]: r for r in compare(runs, held_out={1, 2, 3, 4})}
+    assert rows[RKSP]["alarmed"] == 3 and rows[RKSP]["lead_bar_met"] == 1
