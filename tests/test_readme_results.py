@@ -24,6 +24,7 @@ RESULTS = ROOT / "benchmarks" / "results"
         ("matched_detectors", "markdown", "monitors-matched-60-65.json", "rows"),
         ("matched_detectors", "markdown", "monitors-matched-66-71.json", "rows"),
         ("matched_detectors", "markdown", "monitors-matched-72-77.json", "rows"),
+        ("matched_detectors", "markdown", "monitors-matched-78-83.json", "rows"),
         ("monitors", "actions_markdown", "monitors-actions-fresh.json", "actions"),
     ],
 )
