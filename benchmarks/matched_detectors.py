@@ -324,8 +324,9 @@ def _seeds(text: str) -> set[int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--held-out", type=_seeds, default="42-47", help="seeds judged (a range a-b)")
-    parser.add_argument("--tuning", type=_seeds, default="0-5", help="seeds whose controls tune the detectors")
-    parser.add_argument(
+    tuned = parser.add_mutually_exclusive_group()
+    tuned.add_argument("--tuning", type=_seeds, help="seeds whose controls tune the detectors (default 0-5)")
+    tuned.add_argument(
         "--settings-from",
         type=Path,
         help="take each detector's matched setting from this earlier results JSON instead of tuning "
@@ -334,7 +335,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="runs replayed at a time")
     parser.add_argument("--out", type=Path, default=RESULTS, help="results JSON")
     args = parser.parse_args()
-    settings, tuning = None, args.tuning
+    settings, tuning = None, args.tuning or _seeds("0-5")
     if args.settings_from is not None:
         try:
             earlier = json.loads(args.settings_from.read_text())
