@@ -26,6 +26,8 @@ RESULTS = ROOT / "benchmarks" / "results"
         ("matched_detectors", "markdown", "monitors-matched-72-77.json", "rows"),
         ("matched_detectors", "markdown", "monitors-matched-78-83.json", "rows"),
         ("monitors", "actions_markdown", "monitors-actions-fresh.json", "actions"),
+        ("monitors", "actions_markdown", "monitors-postln-actions-78-83.json", "actions"),
+        ("monitors", "actions_markdown", "monitors-postln-control78-rollback.json", "actions"),
     ],
 )
 def test_readme_table_is_the_benchmark_output(monkeypatch, module, printer, results, key):
