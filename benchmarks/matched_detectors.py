@@ -66,6 +66,7 @@ from rksp_cli.monitors.sublayer_ratio import SublayerBurst, find_sublayers
 
 RUNS = Path(__file__).parent / "results" / "monitors"  # where benchmarks/monitors.py saves each run
 RESULTS = RUNS.parent / "monitors-matched.json"
+TUNING = "0-5"  # the seeds whose controls tune the detectors, unless told otherwise
 # Per detector: its knob, the documented default, and the settings swept, from the least to the
 # most sensitive. Lightning, llm-foundry and Megatron-LM never fire on these runs at their defaults,
 # so their knobs go down from the default towards any rise of the loss; OLMo-core's fires on every
@@ -325,7 +326,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--held-out", type=_seeds, default="42-47", help="seeds judged (a range a-b)")
     tuned = parser.add_mutually_exclusive_group()
-    tuned.add_argument("--tuning", type=_seeds, help="seeds whose controls tune the detectors (default 0-5)")
+    tuned.add_argument("--tuning", type=_seeds, help=f"seeds whose controls tune the detectors (default {TUNING})")
     tuned.add_argument(
         "--settings-from",
         type=Path,
@@ -335,7 +336,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="runs replayed at a time")
     parser.add_argument("--out", type=Path, default=RESULTS, help="results JSON")
     args = parser.parse_args()
-    settings, tuning = None, args.tuning or _seeds("0-5")
+    settings, tuning = None, args.tuning or _seeds(TUNING)
     if args.settings_from is not None:
         try:
             earlier = json.loads(args.settings_from.read_text())
