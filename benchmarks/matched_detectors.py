@@ -358,6 +358,11 @@ def main() -> None:
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
         runs = list(pool.map(_replay, paths))
     rows = compare(runs, args.held_out, tuning, settings)
+    if not rows:
+        parser.error(
+            f"no failure has both failing runs of the held-out seeds and controls of the tuning seeds under {RUNS}: "
+            "run them with benchmarks/monitors.py, or take the settings of an earlier comparison (--settings-from)"
+        )
     held_out, today = [r for r in runs if r["seed"] in args.held_out], monitor_code()
     results = {
         "held_out_seeds": sorted(args.held_out),
