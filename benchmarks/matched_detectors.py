@@ -27,8 +27,9 @@ attention entropy from each layer's QK-update entropy (``UpdateConcentration``),
 from each branch's ratio (``SublayerBurst``); every other monitor's alarms are as logged. A run
 watched before a monitor existed has none of its alarms. The tuning seeds lend only their
 controls' losses; with ``--settings-from`` an earlier results file lends its settings instead, so
-only the held-out runs need be saved. Writes benchmarks/results/monitors-matched.json (``--out``)
-and prints Markdown.
+only the held-out runs need be saved. Writes benchmarks/results/monitors-matched.json (``--out``):
+the rows, and run by run the held-out failing runs they sum (``failing_runs``); prints both as
+Markdown.
 Run: python benchmarks/matched_detectors.py [--held-out 42-47] [--tuning 0-5 | --settings-from
 FILE] [--workers 2] (make bench-monitors-matched).
 """
@@ -164,6 +165,12 @@ RESCORED = {
 }
 
 
+def monitor_alarms(run: WatchedRun) -> dict[str, int | None]:
+    """Each monitor's first alarm on a saved run under today's rules: rescored where its rule changed
+    (``RESCORED``), as logged otherwise."""
+    return {m: RESCORED[m](run) if m in RESCORED else run.monitor_alarm(m) for m in run.monitors}
+
+
 def _replay(path: Path) -> dict[str, Any]:
     """One saved run: its failure step and first alarms, rksp's (``RKSP``, ``WITHOUT``) and each
     detector setting's, keyed "detector name#setting index"."""
@@ -173,7 +180,7 @@ def _replay(path: Path) -> dict[str, Any]:
         for cls, (knob, _, values) in KNOBS.items()
         for i, value in enumerate(values)
     }
-    first = {m: RESCORED[m](run) if m in RESCORED else run.monitor_alarm(m) for m in run.monitors}
+    first = monitor_alarms(run)
     for key, left_out in ((RKSP, None), *WITHOUT.items()):
         steps = [step for m, step in first.items() if m != left_out and step is not None]
         alarms[key] = min(steps) if steps else None
@@ -190,6 +197,12 @@ def _lead(run: dict[str, Any], watcher: str) -> int | None:
     return failed - alarm if failed is not None and alarm is not None and alarm <= failed else None
 
 
+def bar_met(lead: int | None, failed: int) -> bool:
+    """Issue 16's lead bar for one failure at step ``failed``: an alarm ``BAR_STEPS`` and
+    ``BAR_SHARE`` of the run or more before it."""
+    return lead is not None and lead >= BAR_STEPS and lead >= BAR_SHARE * failed
+
+
 def _judge(failing: list[dict[str, Any]], controls: list[dict[str, Any]], watcher: str) -> dict[str, Any]:
     """One watcher's figures on the held-out runs."""
     failed = [r for r in failing if r["failed"] is not None]
@@ -199,7 +212,7 @@ def _judge(failing: list[dict[str, Any]], controls: list[dict[str, Any]], watche
         "alarmed": len(leads),
         "median_lead_steps": statistics.median(lead for lead, _ in leads) if leads else None,
         "median_lead_share": statistics.median(lead / max(at, 1) for lead, at in leads) if leads else None,
-        "lead_bar_met": sum(lead >= BAR_STEPS and lead >= BAR_SHARE * at for lead, at in leads),
+        "lead_bar_met": sum(bar_met(lead, at) for lead, at in leads),
         "controls": len(controls),
         "false_alarms": sum(r["alarms"][watcher] is not None for r in controls),
         "false_alarms_by_control": {
@@ -218,6 +231,11 @@ def _before(run: dict[str, Any], first: str, then: str) -> bool:
 def _earlier(failing: list[dict[str, Any]], first: str, then: str) -> int:
     """Failures on which ``first`` alarmed before ``then`` (``_before``)."""
     return sum(_before(r, first, then) for r in failing)
+
+
+def _earliest(run: dict[str, Any], watcher: str, detectors: Sequence[str]) -> bool:
+    """``watcher`` alarmed before the run failed and before every one of ``detectors``."""
+    return _lead(run, watcher) is not None and all(_before(run, watcher, k) for k in detectors)
 
 
 def compare(
@@ -268,10 +286,9 @@ def compare(
                 row["rksp_earlier"] = _earlier(failing, RKSP, key)
             rows.append(row)
         for rksp in (RKSP, *WITHOUT):
-            ahead = [r for r in failing if _lead(r, rksp) is not None and all(_before(r, rksp, k) for k in matched)]
             rows.append({
                 "failure": failure, "watcher": rksp, "setting": None, **_judge(failing, controls, rksp),
-                "earlier_than_every_matched_detector": len(ahead),
+                "earlier_than_every_matched_detector": sum(_earliest(r, rksp, matched) for r in failing),
             })  # fmt: skip
     return rows
 
@@ -284,6 +301,53 @@ def tuned_settings(results: dict[str, Any]) -> dict[tuple[str, str], dict[str, A
         for r in results["rows"]
         if "knob" in r
     }
+
+
+def failing_runs(runs: list[dict[str, Any]], held_out: set[int], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Run by run, the held-out failing runs behind ``compare``'s ``rows``: rksp's first alarm and each
+    matched detector's, the lead, and whether it meets the lead bar and comes before every matched
+    detector. The rows' counts are sums of these, so a pooled count can be checked seed by seed."""
+    values = {cls.name: knob[2] for cls, knob in KNOBS.items()}
+    table = []
+    for failure in dict.fromkeys(r["failure"] for r in rows):
+        matched = {
+            r["watcher"]: f"{r['watcher']}#{values[r['watcher']].index(r['setting'])}"
+            for r in rows
+            if r["failure"] == failure and "knob" in r and r["setting"] is not None
+        }
+        for run in runs:
+            if run["failure"] == failure and run["kind"] == "failing" and run["seed"] in held_out:
+                lead = _lead(run, RKSP)
+                table.append({
+                    "failure": failure, "seed": run["seed"], "failed": run["failed"], "rksp": run["alarms"][RKSP],
+                    "lead": lead, "lead_bar_met": run["failed"] is not None and bar_met(lead, run["failed"]),
+                    "earlier_than_every_matched_detector": _earliest(run, RKSP, list(matched.values())),
+                    "matched_detectors": {name: run["alarms"][key] for name, key in matched.items()},
+                })  # fmt: skip
+    return sorted(table, key=lambda r: (r["failure"], r["seed"]))
+
+
+def _step(step: int | str | None, missing: str = "none") -> str:
+    return missing if step is None else str(step)
+
+
+def runs_markdown(table: list[dict[str, Any]]) -> str:
+    """``failing_runs`` as Markdown: one line per held-out failing run."""
+    names = list(dict.fromkeys(name for r in table for name in r["matched_detectors"]))
+    lines = [
+        "| failure | seed | failed at | rksp's first alarm (lead) | lead bar | earliest | "
+        + " | ".join(names) + " |",
+        "|---|---|---|---|---|---|" + "---|" * len(names),
+    ]  # fmt: skip
+    for r in table:
+        lead = "" if r["lead"] is None else f" ({r['lead']})"
+        alarms = [_step(r["matched_detectors"].get(name, "-")) for name in names]
+        cells = [
+            r["failure"], str(r["seed"]), _step(r["failed"], "did not fail"), _step(r["rksp"]) + lead,
+            "met" if r["lead_bar_met"] else "-", "yes" if r["earlier_than_every_matched_detector"] else "-", *alarms,
+        ]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
@@ -313,7 +377,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _seeds(text: str) -> set[int]:
+def seed_range(text: str) -> set[int]:
     """'18-29' or '18': the seeds as a set (an argparse type: a bad range is a usage error)."""
     first, _, last = text.partition("-")
     last = last or first
@@ -324,9 +388,9 @@ def _seeds(text: str) -> set[int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--held-out", type=_seeds, default="42-47", help="seeds judged (a range a-b)")
+    parser.add_argument("--held-out", type=seed_range, default="42-47", help="seeds judged (a range a-b)")
     tuned = parser.add_mutually_exclusive_group()
-    tuned.add_argument("--tuning", type=_seeds, help=f"seeds whose controls tune the detectors (default {TUNING})")
+    tuned.add_argument("--tuning", type=seed_range, help=f"seeds whose controls tune the detectors (default {TUNING})")
     tuned.add_argument(
         "--settings-from",
         type=Path,
@@ -336,7 +400,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="runs replayed at a time")
     parser.add_argument("--out", type=Path, default=RESULTS, help="results JSON")
     args = parser.parse_args()
-    settings, tuning = None, args.tuning or _seeds(TUNING)
+    settings, tuning = None, args.tuning or seed_range(TUNING)
     if args.settings_from is not None:
         try:
             earlier = json.loads(args.settings_from.read_text())
@@ -372,10 +436,11 @@ def main() -> None:
         "held_out_runs_watched_under_today_s_code": f"{sum(r['monitor_code'] == today for r in held_out)} of "
         f"{len(held_out)}",
         "rows": rows,
+        "failing_runs": failing_runs(runs, args.held_out, rows),
     }
     with atomic_path(args.out) as tmp:
         tmp.write_text(json.dumps(results, indent=1))
-    print(markdown(rows))
+    print(markdown(rows), runs_markdown(results["failing_runs"]), sep="\n\n")
 
 
 if __name__ == "__main__":

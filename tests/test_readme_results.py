@@ -36,3 +36,12 @@ def test_readme_table_is_the_benchmark_output(monkeypatch, module, printer, resu
     assert rows, f"{results} holds no {key}"
     table = getattr(importlib.import_module(f"benchmarks.{module}"), printer)(rows)
     assert table in (ROOT / "README.md").read_text(), f"README lacks {results}'s table as the benchmark prints it"
+
+
+def test_readme_pooled_bars_are_the_program_s_sums(monkeypatch):
+    """The pooled lead and earliness counts over the held-out sets, summed by ``pooled_bars.py`` from
+    the committed comparisons, not by hand."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    pooled = importlib.import_module("benchmarks.pooled_bars")
+    table = pooled.tables(pooled.default_sets(), "post_ln_without_warmup")
+    assert table in (ROOT / "README.md").read_text(), "README lacks pooled_bars.py's table as it prints it"

@@ -215,3 +215,31 @@ def test_lead_bar_asks_for_both_100_steps_and_a_tenth_of_the_run():
     ]
     rows = {r["watcher"]: r for r in compare(runs, held_out={1, 2, 3, 4})}
     assert rows[RKSP]["alarmed"] == 3 and rows[RKSP]["lead_bar_met"] == 1
+
+
+def test_failing_runs_are_the_rows_counts_seed_by_seed():
+    """The per-run table behind a comparison: each held-out failing run's lead, lead bar and
+    earliness, summing to the rksp row's counts, and a run that never failed listed as such."""
+    from benchmarks.matched_detectors import RKSP, compare, failing_runs, runs_markdown
+
+    olmo = OlmoSkipStep.name
+    runs = [
+        run("control", 0, **{f"{olmo}#1": 300}),  # sigma 50 false-alarms: 100 is kept
+        run("failing", 1, failed=1000, **{f"{olmo}#0": 400, RKSP: 200}),  # rksp first, 800 ahead
+        run("failing", 2, failed=1000, **{f"{olmo}#0": 100, RKSP: 950}),  # OLMo-core first; 50 ahead
+        run("failing", 3, **{RKSP: 700}),  # never failed
+        run("control", 1),
+    ]
+    rows = compare(runs, held_out={1, 2, 3})
+    table = failing_runs(runs, {1, 2, 3}, rows)
+    assert [(r["seed"], r["lead"], r["lead_bar_met"], r["earlier_than_every_matched_detector"]) for r in table] == [
+        (1, 800, True, True),
+        (2, 50, False, False),
+        (3, None, False, False),
+    ]
+    assert table[0]["matched_detectors"][olmo] == 400
+    rksp = {r["watcher"]: r for r in rows}[RKSP]
+    assert sum(r["lead_bar_met"] for r in table) == rksp["lead_bar_met"] == 1
+    assert sum(r["earlier_than_every_matched_detector"] for r in table) == rksp["earlier_than_every_matched_detector"]
+    printed = runs_markdown(table)
+    assert "| f | 3 | did not fail | 700 | - | - |" in printed and "| f | 1 | 1000 | 200 (800) | met | yes |" in printed

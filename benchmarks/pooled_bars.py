@@ -1,0 +1,163 @@
+"""Issue 16's lead and earliness bars pooled over the held-out seed sets, with 95% Wilson intervals,
+summed by a program from the committed comparisons (``matched_detectors.py``'s results) rather than
+by hand.
+
+Per set, rksp's row for one failure (deep Post-LN by default): its failures, those whose lead met
+the bar (>= 100 steps and >= 10% of the run), those on which rksp's first alarm came before every
+tuned spike detector's, and its false alarms on the held-out controls. Each set was judged by the
+monitors of its day, rescored to today's rules where their logged inputs allow; from ``TODAY_FROM``
+on, every monitor shipped today watched the runs. Comparisons before 78-83 did not count the lead
+bar; for the sets watched under today's code it is counted from their head-to-head runs, the
+others have no count here ("-"), and the pooled lead is over the sets that have one, and says so.
+Sets are those held out when they ran; comparisons that pooled seeds used in choosing a rule
+(``monitors-matched-30-59.json``, ``monitors-matched-postln.json``) are left out.
+Run: python benchmarks/pooled_bars.py [--failure NAME] [--with RESULTS] [RESULTS ...] (prints Markdown).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from matched_detectors import bar_met
+from scipy.stats import binomtest
+
+from rksp_cli.monitors.spike_detectors import DETECTORS
+
+RESULTS = Path(__file__).parent / "results"
+# The held-out sets of deep Post-LN in the order they ran: the comparison, and for a set watched
+# under today's monitor code whose comparison predates the lead-bar count, its head-to-head runs
+SETS = [
+    ("monitors-matched.json", None),  # 42-47
+    ("monitors-matched-48-53.json", None),
+    ("monitors-matched-54-59.json", None),
+    ("monitors-matched-60-65.json", None),
+    ("monitors-matched-66-71.json", "monitors-postln-66-71.json"),
+    ("monitors-matched-72-77.json", "monitors-postln-72-77.json"),
+    ("monitors-matched-78-83.json", None),
+]
+TODAY_FROM = 60  # the first seed watched by all of today's monitors (sublayer_ratio first ran on 60-65)
+RKSP = "rksp (first alarm of any monitor, as shipped)"
+DETECTOR_NAMES = {cls.name for cls in DETECTORS}
+
+
+def wilson(hits: int, n: int) -> tuple[float, float]:
+    """The 95% Wilson interval of a proportion: sound at the small counts and the 0 or n of these sets."""
+    interval = binomtest(hits, n).proportion_ci(confidence_level=0.95, method="wilson")
+    return interval.low, interval.high
+
+
+def lead_bar_from_runs(head_to_head: dict[str, Any], failure: str) -> tuple[int, int]:
+    """Failures, and those whose lead met the bar, from ``benchmarks/monitors.py``'s per-run record:
+    rksp's first alarm is the earliest of its monitors' logged alarms, which are today's rules' when
+    the runs were watched under today's code."""
+    failed = met = 0
+    for run in head_to_head["runs"]:
+        if run["failure"] != failure or run["kind"] != "failing" or run["failed_step"] is None:
+            continue
+        alarms = [step for name, step in run["first_alarms"].items() if name not in DETECTOR_NAMES and step is not None]
+        first = min(alarms, default=None)
+        lead = run["failed_step"] - first if first is not None and first <= run["failed_step"] else None
+        failed, met = failed + 1, met + bar_met(lead, run["failed_step"])
+    return failed, met
+
+
+def set_row(results: dict[str, Any], failure: str, head_to_head: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One comparison's rksp row for ``failure``, with the seeds it held out; its lead-bar count from
+    ``head_to_head`` (``lead_bar_from_runs``) where the comparison has none and every held-out run
+    was watched under today's code."""
+    seeds = results["held_out_seeds"]
+    rows = [r for r in results["rows"] if r["failure"] == failure and r["watcher"] == RKSP]
+    if not rows:
+        raise ValueError(f"no rksp row for {failure}")
+    row = rows[0]
+    met = row.get("lead_bar_met")
+    watched, _, held_out = results["held_out_runs_watched_under_today_s_code"].partition(" of ")
+    if met is None and head_to_head is not None and watched == held_out:
+        failed, met = lead_bar_from_runs(head_to_head, failure)
+        if failed != row["failed"]:
+            raise ValueError(
+                f"the head-to-head runs of seeds {min(seeds)}-{max(seeds)} have {failed} failures, "
+                f"their comparison {row['failed']}"
+            )
+    return {
+        "seeds": f"{min(seeds)}-{max(seeds)}", "first_seed": min(seeds), "failed": row["failed"],
+        "lead_bar_met": met, "earliest": row["earlier_than_every_matched_detector"],
+        "false_alarms": row["false_alarms"], "controls": row["controls"],
+    }  # fmt: skip
+
+
+def pool(sets: list[dict[str, Any]], label: str) -> dict[str, Any]:
+    """Counts summed over ``sets``; the lead bar over those that counted it."""
+    counted = [s for s in sets if s["lead_bar_met"] is not None]
+    return {
+        "seeds": label, "failed": sum(s["failed"] for s in sets),
+        "lead_bar_met": sum(s["lead_bar_met"] for s in counted), "lead_failed": sum(s["failed"] for s in counted),
+        "lead_sets": [s["seeds"] for s in counted], "earliest": sum(s["earliest"] for s in sets),
+        "false_alarms": sum(s["false_alarms"] for s in sets), "controls": sum(s["controls"] for s in sets),
+    }  # fmt: skip
+
+
+def _share(hits: int, n: int) -> str:
+    if not n:
+        return "-"
+    low, high = wilson(hits, n)
+    return f"{hits}/{n} ({low:.0%}-{high:.0%})"
+
+
+def markdown(sets: list[dict[str, Any]], pooled: list[dict[str, Any]]) -> str:
+    lines = [
+        "| held-out seeds | failures | lead bar met | before every tuned detector | false alarms, controls |",
+        "|---|---|---|---|---|",
+    ]
+    for s in sets:
+        lead = "-" if s["lead_bar_met"] is None else f"{s['lead_bar_met']}/{s['failed']}"
+        lines.append(
+            f"| {s['seeds']} | {s['failed']} | {lead} | {s['earliest']}/{s['failed']} "
+            f"| {s['false_alarms']}/{s['controls']} |"
+        )
+    for p in pooled:
+        over = "" if p["lead_failed"] == p["failed"] else f" over {', '.join(p['lead_sets']) or 'no set'}"
+        lines.append(
+            f"| **{p['seeds']}** (95% Wilson) | {p['failed']} | {_share(p['lead_bar_met'], p['lead_failed'])}{over} "
+            f"| {_share(p['earliest'], p['failed'])} | {_share(p['false_alarms'], p['controls'])} |"
+        )
+    return "\n".join(lines)
+
+
+def tables(sets: list[tuple[Path, Path | None]], failure: str) -> str:
+    """The Markdown the script prints for these comparisons, each with its head-to-head runs or None
+    (the README's table)."""
+    rows = sorted(
+        (set_row(json.loads(m.read_text()), failure, json.loads(h.read_text()) if h else None) for m, h in sets),
+        key=lambda s: s["first_seed"],
+    )
+    today = [s for s in rows if s["first_seed"] >= TODAY_FROM]
+    pooled = [pool(rows, "all sets"), *([pool(today, f"{TODAY_FROM} on, today's monitors")] if today else [])]
+    return markdown(rows, pooled)
+
+
+def default_sets() -> list[tuple[Path, Path | None]]:
+    return [(RESULTS / m, RESULTS / h if h else None) for m, h in SETS]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("results", nargs="*", type=Path, help="matched_detectors.py results (default: SETS)")
+    parser.add_argument("--with", dest="extra", type=Path, action="append", default=[], help="a set added to SETS")
+    parser.add_argument("--failure", default="post_ln_without_warmup", help="which failure's rows to pool")
+    args = parser.parse_args()
+    sets = [(p, None) for p in args.results] or default_sets()
+    for extra in args.extra:
+        if extra.resolve() not in {m.resolve() for m, _ in sets}:  # a set named twice counts once
+            sets.append((extra, None))
+    try:
+        print(tables(sets, args.failure))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        parser.error(f"not a set of matched_detectors.py results: {exc}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""Pooling the held-out sets' counts (benchmarks/pooled_bars.py)."""
+
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+RKSP = "rksp (first alarm of any monitor, as shipped)"
+
+
+@pytest.fixture
+def pooled(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # the scripts import their siblings
+    import pooled_bars
+
+    return pooled_bars
+
+
+def a_set(first: int, failed: int, met: int | None, earliest: int, false_alarms: int = 0) -> dict:
+    seeds = f"{first}-{first + 5}"
+    return {"seeds": seeds, "first_seed": first, "failed": failed, "lead_bar_met": met, "earliest": earliest,
+            "false_alarms": false_alarms, "controls": 12}  # fmt: skip
+
+
+def test_the_lead_bar_pools_only_the_sets_that_counted_it(pooled):
+    """A set judged before the lead bar was counted adds its failures to the earliness count but not to
+    the lead count's denominator, and the table says which sets the lead is over."""
+    sets = [a_set(42, 5, None, 3), a_set(78, 5, 4, 3, false_alarms=1), a_set(84, 4, 2, 1)]
+    total = pooled.pool(sets, "all sets")
+    assert (total["failed"], total["lead_bar_met"], total["lead_failed"]) == (14, 6, 9)
+    assert (total["earliest"], total["false_alarms"], total["controls"]) == (7, 1, 36)
+    assert "6/9 (" in pooled.markdown(sets, [total]) and "over 78-83, 84-89" in pooled.markdown(sets, [total])
+    assert "over" not in pooled.markdown(sets[1:], [pooled.pool(sets[1:], "all")])
+
+
+def comparison(failed: int, watched: str, met: int | None = None) -> dict:
+    row = {"failure": "f", "watcher": RKSP, "failed": failed, "earlier_than_every_matched_detector": 1,
+           "false_alarms": 0, "controls": 12} | ({} if met is None else {"lead_bar_met": met})  # fmt: skip
+    return {"held_out_seeds": [66, 71], "held_out_runs_watched_under_today_s_code": watched, "rows": [row]}
+
+
+def head_to_head() -> dict:
+    def failing(seed: int, failed: int | None, **alarms: int | None) -> dict:
+        return {"failure": "f", "kind": "failing", "seed": seed, "failed_step": failed, "first_alarms": alarms}
+
+    return {"runs": [
+        failing(66, 4000, sublayer_ratio=1500, attention_entropy=None),  # 2500 ahead: met
+        failing(67, 626, sublayer_ratio=600, **{"OLMo-core SkipStepOptimizer": 10}),  # a detector is not rksp
+        failing(68, None, sublayer_ratio=2000),  # never failed
+        {"failure": "f", "kind": "control", "seed": 66, "failed_step": None, "first_alarms": {"r_metric": 100}},
+    ]}  # fmt: skip
+
+
+def test_a_set_watched_under_today_s_code_counts_its_lead_bar_from_its_runs(pooled):
+    """Only rksp's monitors' alarms count, only failing runs that failed, and only when every held-out
+    run was watched under today's code; a head-to-head record that disagrees with the comparison on
+    the failures is refused."""
+    assert pooled.set_row(comparison(2, "42 of 42"), "f", head_to_head())["lead_bar_met"] == 1
+    assert pooled.set_row(comparison(2, "0 of 42"), "f", head_to_head())["lead_bar_met"] is None
+    assert pooled.set_row(comparison(2, "42 of 42", met=2), "f", head_to_head())["lead_bar_met"] == 2  # as counted
+    with pytest.raises(ValueError, match="have 2 failures, their comparison 3"):
+        pooled.set_row(comparison(3, "42 of 42"), "f", head_to_head())
+
+
+@pytest.mark.parametrize(("hits", "n"), [(0, 12), (1, 84), (17, 35), (20, 20)])
+def test_wilson_interval_holds_the_proportion_inside_0_1(pooled, hits, n):
+    low, high = pooled.wilson(hits, n)
+    assert 0 <= low <= hits / n <= high <= 1 and high - low > 0
+    assert (low == 0) == (hits == 0) and (high == 1) == (hits == n)
