@@ -119,6 +119,8 @@ def main() -> None:
         if run.failed_step is None:
             watched.append(run)
     print(f"{len(watched)} of {len(args.seeds)} failing runs had not failed by their horizon", flush=True)
+    if not watched:
+        return  # nothing to train on: no results file
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
         jobs = [pool.submit(rerun, args.failure, r.seed, args.steps, args.threads, args.runs) for r in watched]
         rows = [judge(run, job.result()) for run, job in zip(watched, jobs, strict=True)]
