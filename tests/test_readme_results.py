@@ -31,6 +31,7 @@ RESULTS = ROOT / "benchmarks" / "results"
         ("monitors", "actions_markdown", "monitors-actions-fresh.json", "actions"),
         ("monitors", "actions_markdown", "monitors-postln-actions-78-83.json", "actions"),
         ("monitors", "actions_markdown", "monitors-postln-control78-rollback.json", "actions"),
+        ("monitors", "actions_markdown", "monitors-postln-actions-84-89.json", "actions"),
         ("monitors", "actions_markdown", "monitors-postln-control86-88-rollback.json", "actions"),
     ],
 )
