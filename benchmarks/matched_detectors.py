@@ -191,10 +191,14 @@ def _replay(path: Path) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _lead(run: dict[str, Any], watcher: str) -> int | None:
-    """Steps from the watcher's first alarm to the failure; None without an alarm at or before it."""
-    failed, alarm = run["failed"], run["alarms"][watcher]
+def lead(failed: int | None, alarm: int | None) -> int | None:
+    """Steps from a first alarm to the failure; None without a failure, or an alarm at or before it."""
     return failed - alarm if failed is not None and alarm is not None and alarm <= failed else None
+
+
+def _lead(run: dict[str, Any], watcher: str) -> int | None:
+    """``lead`` for one watcher of a replayed run."""
+    return lead(run["failed"], run["alarms"][watcher])
 
 
 def bar_met(lead: int | None, failed: int) -> bool:
@@ -317,10 +321,10 @@ def failing_runs(runs: list[dict[str, Any]], held_out: set[int], rows: list[dict
         }
         for run in runs:
             if run["failure"] == failure and run["kind"] == "failing" and run["seed"] in held_out:
-                lead = _lead(run, RKSP)
+                ahead = _lead(run, RKSP)
                 table.append({
                     "failure": failure, "seed": run["seed"], "failed": run["failed"], "rksp": run["alarms"][RKSP],
-                    "lead": lead, "lead_bar_met": run["failed"] is not None and bar_met(lead, run["failed"]),
+                    "lead": ahead, "lead_bar_met": run["failed"] is not None and bar_met(ahead, run["failed"]),
                     "earlier_than_every_matched_detector": _earliest(run, RKSP, list(matched.values())),
                     "matched_detectors": {name: run["alarms"][key] for name, key in matched.items()},
                 })  # fmt: skip

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 from machine import cpu_model
-from matched_detectors import RUNS, bar_met, monitor_alarms, seed_range
+from matched_detectors import RUNS, bar_met, lead, monitor_alarms, seed_range
 
 from rksp_cli.errors import InputError
 from rksp_cli.files import atomic_path, check_writable
@@ -33,7 +33,9 @@ from rksp_cli.probe import probe
 
 
 def failed_step(losses: list[float], exploded: int | None) -> int | None:
-    """As ``WatchedRun.failed_step``: the first of an explosion and the loss giving back half its progress."""
+    """As ``WatchedRun.failed_step``: the first of an explosion and the loss giving back half its progress.
+    Not moved into failures.py to be shared: any code edit there changes ``monitor_code()``, and every
+    saved run would then count as watched under other rules."""
     events = [s for s in (exploded, lost_step(losses)) if s is not None]
     return min(events) if events else None
 
@@ -62,15 +64,15 @@ def judge(watched: WatchedRun, longer: dict[str, Any]) -> dict[str, Any]:
     alarms = {m: step for m, step in monitor_alarms(watched).items() if step is not None}
     first = min(alarms.values()) if alarms else None
     failed = failed_step(longer["losses"], longer["exploded_step"])
-    lead = failed - first if failed is not None and first is not None and first <= failed else None
+    ahead = lead(failed, first)
     n = len(watched.losses)
     prefix = longer["losses"][:n]
     diffs = [abs(a - b) for a, b in zip(prefix, watched.losses, strict=False) if math.isfinite(a - b)]
     return {
         "seed": watched.seed, "horizon": watched.steps, "steps": longer["steps"],
         "rksp": first, "monitors": sorted(m for m, step in alarms.items() if step == first),
-        "failed": failed, "exploded": longer["exploded_step"], "lead": lead,
-        "lead_bar_met": failed is not None and bar_met(lead, failed),
+        "failed": failed, "exploded": longer["exploded_step"], "lead": ahead,
+        "lead_bar_met": failed is not None and bar_met(ahead, failed),
         "prefix_identical": len(prefix) == n and prefix == watched.losses,
         "prefix_max_abs_diff": max(diffs, default=math.nan),
     }  # fmt: skip

@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from matched_detectors import bar_met
+from matched_detectors import RKSP, bar_met, lead
 from scipy.stats import binomtest
 
 from rksp_cli.monitors.spike_detectors import DETECTORS
@@ -40,7 +40,6 @@ SETS = [
     ("monitors-matched-84-89.json", None),
 ]
 TODAY_FROM = 60  # the first seed watched by all of today's monitors (sublayer_ratio first ran on 60-65)
-RKSP = "rksp (first alarm of any monitor, as shipped)"
 DETECTOR_NAMES = {cls.name for cls in DETECTORS}
 
 
@@ -59,9 +58,8 @@ def lead_bar_from_runs(head_to_head: dict[str, Any], failure: str) -> tuple[int,
         if run["failure"] != failure or run["kind"] != "failing" or run["failed_step"] is None:
             continue
         alarms = [step for name, step in run["first_alarms"].items() if name not in DETECTOR_NAMES and step is not None]
-        first = min(alarms, default=None)
-        lead = run["failed_step"] - first if first is not None and first <= run["failed_step"] else None
-        failed, met = failed + 1, met + bar_met(lead, run["failed_step"])
+        ahead = lead(run["failed_step"], min(alarms, default=None))
+        failed, met = failed + 1, met + bar_met(ahead, run["failed_step"])
     return failed, met
 
 
