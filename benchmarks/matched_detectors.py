@@ -63,7 +63,7 @@ from rksp_cli.monitors.spike_detectors import (
     OlmoSkipStep,
     first_alarm,
 )
-from rksp_cli.monitors.sublayer_ratio import SublayerBurst, find_sublayers
+from rksp_cli.monitors.sublayer_ratio import MIN_HISTORY, SublayerBurst, find_sublayers
 
 RUNS = Path(__file__).parent / "results" / "monitors"  # where benchmarks/monitors.py saves each run
 RESULTS = RUNS.parent / "monitors-matched.json"
@@ -150,11 +150,14 @@ def spectral_alignment_alarm(run: WatchedRun) -> int | None:
     return _first_alarm(SignCollapse(set(activation_fed(run.failure, run.kind))), run)
 
 
-def sublayer_ratio_alarm(run: WatchedRun) -> int | None:
+def sublayer_ratio_alarm(run: WatchedRun, min_history: int = MIN_HISTORY) -> int | None:
     """Today's sub-layer burst rule's first alarm on a saved run, rescored from its logged ratios
-    (``SublayerBurst``: exact, since the rule reads nothing else)."""
-    model = _model(run.failure, run.kind)
-    return _first_alarm(SublayerBurst(s.name for s in find_sublayers(model.blocks, "blocks")), run)
+    (``SublayerBurst``: exact, since the rule reads nothing else); with ``min_history``, the rule
+    with no score before that many checks (a candidate: benchmarks/candidate_replay.py)."""
+    rule = SublayerBurst(s.name for s in find_sublayers(_model(run.failure, run.kind).blocks, "blocks"))
+    for drift in rule.drifts.values():
+        drift.min_history = min_history
+    return _first_alarm(rule, run)
 
 
 RESCORED = {
