@@ -78,15 +78,15 @@ def _step(step: int | None) -> str:
     return "-" if step is None else str(step)
 
 
-def markdown(rows: list[dict[str, Any]], min_history: int) -> str:
-    """The runs on which either rule has a `sublayer_ratio` alarm, or which failed."""
+def markdown(rows: list[dict[str, Any]], min_history: int = CANDIDATE) -> str:
+    """The runs with a `sublayer_ratio` alarm under today's rule: the only ones the candidate can change."""
     lines = [
         f"| run | failed at | sub-layer alarm: {MIN_HISTORY} / {min_history} checks | rksp's first alarm | lead bar |",
         "|---|---|---|---|---|",
     ]
     for r in rows:
         today, cand = r["today"], r["candidate"]
-        if r["failed"] is None and today["sublayer_ratio"] is None:
+        if today["sublayer_ratio"] is None:
             continue
         bars = "/".join("met" if x["lead_bar_met"] else "-" for x in (today, cand)) if r["failed"] else "-"
         lines.append(

@@ -38,6 +38,7 @@ SETS = [
     ("monitors-matched-72-77.json", "monitors-postln-72-77.json"),
     ("monitors-matched-78-83.json", None),
     ("monitors-matched-84-89.json", None),
+    ("monitors-matched-90-95.json", None),
 ]
 TODAY_FROM = 60  # the first seed watched by all of today's monitors (sublayer_ratio first ran on 60-65)
 DETECTOR_NAMES = {cls.name for cls in DETECTORS}

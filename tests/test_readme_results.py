@@ -27,12 +27,17 @@ RESULTS = ROOT / "benchmarks" / "results"
         ("matched_detectors", "markdown", "monitors-matched-78-83.json", "rows"),
         ("matched_detectors", "markdown", "monitors-matched-84-89.json", "rows"),
         ("matched_detectors", "runs_markdown", "monitors-matched-84-89.json", "failing_runs"),
+        ("matched_detectors", "markdown", "monitors-matched-90-95.json", "rows"),
+        ("matched_detectors", "runs_markdown", "monitors-matched-90-95.json", "failing_runs"),
         ("past_horizon", "markdown", "monitors-past-horizon-78-83.json", "rows"),
+        ("past_horizon", "markdown", "monitors-past-horizon-90-95.json", "rows"),
+        ("candidate_replay", "markdown", "monitors-candidate-90-95.json", "rows"),
         ("monitors", "actions_markdown", "monitors-actions-fresh.json", "actions"),
         ("monitors", "actions_markdown", "monitors-postln-actions-78-83.json", "actions"),
         ("monitors", "actions_markdown", "monitors-postln-control78-rollback.json", "actions"),
         ("monitors", "actions_markdown", "monitors-postln-actions-84-89.json", "actions"),
         ("monitors", "actions_markdown", "monitors-postln-control86-88-rollback.json", "actions"),
+        ("monitors", "actions_markdown", "monitors-postln-actions-90-95.json", "actions"),
     ],
 )
 def test_readme_table_is_the_benchmark_output(monkeypatch, module, printer, results, key):
