@@ -24,7 +24,16 @@ from pathlib import Path
 from typing import Any
 
 from machine import cpu_model
-from matched_detectors import NAME, RUNS, bar_met, lead, monitor_alarms, seed_range, sublayer_ratio_alarm
+from matched_detectors import (
+    RUNS,
+    bar_met,
+    first_of,
+    lead,
+    monitor_alarms,
+    saved_runs,
+    seed_range,
+    sublayer_ratio_alarm,
+)
 
 from rksp_cli.errors import InputError
 from rksp_cli.files import atomic_path, check_writable
@@ -38,18 +47,15 @@ def replay(run: WatchedRun, min_history: int) -> dict[str, Any]:
     """One saved run under today's rules and under the candidate."""
     today = monitor_alarms(run)
     row: dict[str, Any] = {"failure": run.failure, "kind": run.kind, "seed": run.seed, "failed": run.failed_step}
-    rules = {"today": today}
-    if "sublayer_ratio" in today:
-        rules["candidate"] = today | {"sublayer_ratio": sublayer_ratio_alarm(run, min_history)}
-    else:  # watched before the monitor existed: the candidate changes nothing
-        rules["candidate"] = today
-    for rule, alarms in rules.items():
-        steps = [step for step in alarms.values() if step is not None]
-        first = min(steps) if steps else None
+    candidate = (
+        today | {"sublayer_ratio": sublayer_ratio_alarm(run, min_history)} if "sublayer_ratio" in today else today
+    )
+    for rule, alarms in (("today", today), ("candidate", candidate)):
+        first = first_of(alarms.values())
         ahead = lead(run.failed_step, first)
         row[rule] = {
             "sublayer_ratio": alarms.get("sublayer_ratio"), "rksp": first, "lead": ahead,
-            "lead_bar_met": run.failed_step is not None and bar_met(ahead, run.failed_step),
+            "lead_bar_met": bar_met(ahead, run.failed_step),
         }  # fmt: skip
     return row
 
@@ -111,9 +117,7 @@ def main() -> None:
         check_writable(out, "--out")
     except InputError as exc:
         parser.error(str(exc))
-    paths = sorted(
-        p for p in args.runs.glob("*.json") if (name := NAME.fullmatch(p.name)) and int(name["seed"]) in args.seeds
-    )
+    paths = saved_runs(args.seeds, args.runs)
     if not paths:
         parser.error(f"no saved runs of seeds {min(args.seeds)}-{max(args.seeds)} under {args.runs}")
     runs = [WatchedRun.from_dict(json.loads(p.read_text())) for p in paths]

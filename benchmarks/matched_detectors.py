@@ -41,7 +41,7 @@ import functools
 import json
 import re
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -131,10 +131,19 @@ def activation_fed(failure: str, kind: str) -> frozenset[str]:
     return frozenset(activation_fed_layers(model, tokens))
 
 
+def first_of(steps: Iterable[int | None]) -> int | None:
+    """The earliest of some alarm steps, None standing for no alarm; None when there is none."""
+    return min((step for step in steps if step is not None), default=None)
+
+
+def saved_runs(seeds: set[int], runs: Path = RUNS) -> list[Path]:
+    """The unguarded runs of ``seeds`` that ``benchmarks/monitors.py`` saved under ``runs``."""
+    return sorted(p for p in runs.glob("*.json") if (name := NAME.fullmatch(p.name)) and int(name["seed"]) in seeds)
+
+
 def _first_alarm(rule: SignCollapse | UpdateConcentration | SublayerBurst, run: WatchedRun) -> int | None:
     """A rule's first alarm on a saved run, rescored from its logged metrics check by check."""
-    alarms = [a.step for a in rule.rescore((c["step"], c["metrics"]) for c in run.series) if a.level == "alarm"]
-    return min(alarms) if alarms else None
+    return first_of(a.step for a in rule.rescore((c["step"], c["metrics"]) for c in run.series) if a.level == "alarm")
 
 
 def attention_entropy_alarm(run: WatchedRun) -> int | None:
@@ -185,8 +194,7 @@ def _replay(path: Path) -> dict[str, Any]:
     }
     first = monitor_alarms(run)
     for key, left_out in ((RKSP, None), *WITHOUT.items()):
-        steps = [step for m, step in first.items() if m != left_out and step is not None]
-        alarms[key] = min(steps) if steps else None
+        alarms[key] = first_of(step for m, step in first.items() if m != left_out)
     name = NAME.fullmatch(path.name)  # not run.failure: a control variant (post_ln_warmup1000) keeps its own
     return {
         "failure": name["failure"], "kind": run.kind, "seed": run.seed, "failed": run.failed_step, "alarms": alarms,
@@ -204,10 +212,10 @@ def _lead(run: dict[str, Any], watcher: str) -> int | None:
     return lead(run["failed"], run["alarms"][watcher])
 
 
-def bar_met(lead: int | None, failed: int) -> bool:
+def bar_met(lead: int | None, failed: int | None) -> bool:
     """Issue 16's lead bar for one failure at step ``failed``: an alarm ``BAR_STEPS`` and
-    ``BAR_SHARE`` of the run or more before it."""
-    return lead is not None and lead >= BAR_STEPS and lead >= BAR_SHARE * failed
+    ``BAR_SHARE`` of the run or more before it; never met by a run that did not fail."""
+    return failed is not None and lead is not None and lead >= BAR_STEPS and lead >= BAR_SHARE * failed
 
 
 def _judge(failing: list[dict[str, Any]], controls: list[dict[str, Any]], watcher: str) -> dict[str, Any]:
@@ -327,7 +335,7 @@ def failing_runs(runs: list[dict[str, Any]], held_out: set[int], rows: list[dict
                 ahead = _lead(run, RKSP)
                 table.append({
                     "failure": failure, "seed": run["seed"], "failed": run["failed"], "rksp": run["alarms"][RKSP],
-                    "lead": ahead, "lead_bar_met": run["failed"] is not None and bar_met(ahead, run["failed"]),
+                    "lead": ahead, "lead_bar_met": bar_met(ahead, run["failed"]),
                     "earlier_than_every_matched_detector": _earliest(run, RKSP, list(matched.values())),
                     "matched_detectors": {name: run["alarms"][key] for name, key in matched.items()},
                 })  # fmt: skip
@@ -421,9 +429,7 @@ def main() -> None:
     except InputError as exc:
         parser.error(str(exc))
     seeds = args.held_out if settings is not None else tuning | args.held_out
-    paths = sorted(  # unguarded runs of the seeds compared
-        p for p in RUNS.glob("*.json") if (name := NAME.fullmatch(p.name)) and int(name["seed"]) in seeds
-    )
+    paths = saved_runs(seeds)
     if not paths:
         parser.error(f"no saved runs of the tuning or held-out seeds under {RUNS}: run benchmarks/monitors.py")
     with ProcessPoolExecutor(max_workers=args.workers) as pool:

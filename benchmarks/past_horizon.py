@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 from machine import cpu_model
-from matched_detectors import RUNS, bar_met, lead, monitor_alarms, seed_range
+from matched_detectors import RUNS, bar_met, first_of, lead, monitor_alarms, seed_range
 
 from rksp_cli.errors import InputError
 from rksp_cli.files import atomic_path, check_writable
@@ -62,7 +62,7 @@ def rerun(failure: str, seed: int, steps: int, threads: int, runs: Path) -> dict
 def judge(watched: WatchedRun, longer: dict[str, Any]) -> dict[str, Any]:
     """The watched run's first alarm against the longer run's failure."""
     alarms = {m: step for m, step in monitor_alarms(watched).items() if step is not None}
-    first = min(alarms.values()) if alarms else None
+    first = first_of(alarms.values())
     failed = failed_step(longer["losses"], longer["exploded_step"])
     ahead = lead(failed, first)
     n = len(watched.losses)
@@ -72,7 +72,7 @@ def judge(watched: WatchedRun, longer: dict[str, Any]) -> dict[str, Any]:
         "seed": watched.seed, "horizon": watched.steps, "steps": longer["steps"],
         "rksp": first, "monitors": sorted(m for m, step in alarms.items() if step == first),
         "failed": failed, "exploded": longer["exploded_step"], "lead": ahead,
-        "lead_bar_met": failed is not None and bar_met(ahead, failed),
+        "lead_bar_met": bar_met(ahead, failed),
         "prefix_identical": len(prefix) == n and prefix == watched.losses,
         "prefix_max_abs_diff": max(diffs, default=math.nan),
     }  # fmt: skip

@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from matched_detectors import RKSP, bar_met, lead
+from matched_detectors import RKSP, bar_met, first_of, lead
 from scipy.stats import binomtest
 
 from rksp_cli.monitors.spike_detectors import DETECTORS
@@ -58,8 +58,8 @@ def lead_bar_from_runs(head_to_head: dict[str, Any], failure: str) -> tuple[int,
     for run in head_to_head["runs"]:
         if run["failure"] != failure or run["kind"] != "failing" or run["failed_step"] is None:
             continue
-        alarms = [step for name, step in run["first_alarms"].items() if name not in DETECTOR_NAMES and step is not None]
-        ahead = lead(run["failed_step"], min(alarms, default=None))
+        first = first_of(step for name, step in run["first_alarms"].items() if name not in DETECTOR_NAMES)
+        ahead = lead(run["failed_step"], first)
         failed, met = failed + 1, met + bar_met(ahead, run["failed_step"])
     return failed, met
 
