@@ -93,9 +93,9 @@ bench-monitors-matched: install
 # about 85 minutes on 2 cores), width 64 (24 runs, about 10), the detectors at the settings tuned
 # on seeds 0-5 read from an earlier comparison (a replay), any failing run that had not failed by
 # its horizon trained on to 10,000 steps without monitors (about 19 minutes each, two at a time),
-# the stated sub-layer candidate replayed (seconds), then the bars pooled over every held-out set.
+# then the bars pooled over every held-out set.
 # Resumable: each run is saved as it finishes.
-HELD_OUT ?= 90
+HELD_OUT ?= 96
 HELD_OUT_SEEDS = $(HELD_OUT)-$(shell echo $$(($(HELD_OUT) + 5)))
 bench-monitors-heldout: install
 	$(BIN)/python benchmarks/monitors.py --failures post_ln_without_warmup --first-seed $(HELD_OUT) \
@@ -107,7 +107,6 @@ bench-monitors-heldout: install
 		--settings-from benchmarks/results/monitors-matched-78-83.json \
 		--out benchmarks/results/monitors-matched-$(HELD_OUT_SEEDS).json
 	$(BIN)/python benchmarks/past_horizon.py --seeds $(HELD_OUT_SEEDS)
-	$(BIN)/python benchmarks/candidate_replay.py --seeds $(HELD_OUT_SEEDS)
 	$(BIN)/python benchmarks/pooled_bars.py --with benchmarks/results/monitors-matched-$(HELD_OUT_SEEDS).json
 
 # Deep Post-LN at width 512 (failures.GPU_FAILURES), needs CUDA: three runs a seed (failing, Pre-LN

@@ -446,6 +446,7 @@ def main() -> None:
         "tuning_seeds": sorted(tuning),
         **({"settings_from": args.settings_from.name} if settings is not None else {}),
         "runs": len(runs),
+        # "today": the code this comparison ran with; a later rule change leaves the count as written
         "held_out_runs_watched_under_today_s_code": f"{sum(r['monitor_code'] == today for r in held_out)} of "
         f"{len(held_out)}",
         "rows": rows,

@@ -24,8 +24,9 @@ and policy this is about 6.5 hours on 2 cores, two runs at a time (35 minutes fo
 failures, about 6 hours for deep Post-LN's 72 runs of up to 5000 steps); ``--policies ''`` watches
 without acting, about 2 hours. The alarm rules were chosen on seeds 0-53, all but the last two on 0-35;
 ``sublayer_ratio``'s on four failing runs of seeds 46-59 (its jump test on a fault-harness false
-alarm, with seeds 60-65 in view); every failure of seeds 66-83 ran under today's code
-(which seeds saw which rule, and every held-out check: benchmarks/monitors-log.md). ``make
+alarm, with seeds 60-65 in view); every failure of seeds 66-95 ran under one code, whose
+sub-layer rule scored from 10 checks of history, today's from 16 (seeds 96 on; which seeds saw
+which rule, and every held-out check: benchmarks/monitors-log.md). ``make
 bench-monitors`` runs ``--first-seed 42 --policies ''``, every failure under today's code
 (benchmarks/results/monitors.json, the README's table), then the three policies on its width-64
 runs. The spike detectors at matched false alarms (tuned on these runs' controls):

@@ -5,10 +5,12 @@ by hand.
 Per set, rksp's row for one failure (deep Post-LN by default): its failures, those whose lead met
 the bar (>= 100 steps and >= 10% of the run), those on which rksp's first alarm came before every
 tuned spike detector's, and its false alarms on the held-out controls. Each set was judged by the
-monitors of its day, rescored to today's rules where their logged inputs allow; from ``TODAY_FROM``
-on, every monitor shipped today watched the runs. Comparisons before 78-83 did not count the lead
-bar; for the sets watched under today's code it is counted from their head-to-head runs, the
-others have no count here ("-"), and the pooled lead is over the sets that have one, and says so.
+monitors of its day, rescored to the rules of the day its comparison ran where their logged inputs
+allow, and is not rescored again when a rule changes later; from ``SUBLAYER_FROM`` on, every monitor
+shipped today watched the runs. Comparisons before 78-83 did not count the lead bar; for a set
+whose runs were all watched under the code its comparison ran with, it is counted from their
+head-to-head runs, the others have no count here ("-"), and the pooled lead is over the sets that
+have one, and says so.
 Sets are those held out when they ran; comparisons that pooled seeds used in choosing a rule
 (``monitors-matched-30-59.json``, ``monitors-matched-postln.json``) are left out.
 Run: python benchmarks/pooled_bars.py [--failure NAME] [--with RESULTS] [RESULTS ...] (prints Markdown).
@@ -28,7 +30,7 @@ from rksp_cli.monitors.spike_detectors import DETECTORS
 
 RESULTS = Path(__file__).parent / "results"
 # The held-out sets of deep Post-LN in the order they ran: the comparison, and for a set watched
-# under today's monitor code whose comparison predates the lead-bar count, its head-to-head runs
+# under its comparison's monitor code whose comparison predates the lead-bar count, its head-to-head runs
 SETS = [
     ("monitors-matched.json", None),  # 42-47
     ("monitors-matched-48-53.json", None),
@@ -40,7 +42,7 @@ SETS = [
     ("monitors-matched-84-89.json", None),
     ("monitors-matched-90-95.json", None),
 ]
-TODAY_FROM = 60  # the first seed watched by all of today's monitors (sublayer_ratio first ran on 60-65)
+SUBLAYER_FROM = 60  # the first seed watched by all of today's monitors (sublayer_ratio, the newest)
 DETECTOR_NAMES = {cls.name for cls in DETECTORS}
 
 
@@ -52,8 +54,8 @@ def wilson(hits: int, n: int) -> tuple[float, float]:
 
 def lead_bar_from_runs(head_to_head: dict[str, Any], failure: str) -> tuple[int, int]:
     """Failures, and those whose lead met the bar, from ``benchmarks/monitors.py``'s per-run record:
-    rksp's first alarm is the earliest of its monitors' logged alarms, which are today's rules' when
-    the runs were watched under today's code."""
+    rksp's first alarm is the earliest of its monitors' logged alarms, which are the comparison's
+    rules when the runs were watched under the code it ran with."""
     failed = met = 0
     for run in head_to_head["runs"]:
         if run["failure"] != failure or run["kind"] != "failing" or run["failed_step"] is None:
@@ -67,7 +69,7 @@ def lead_bar_from_runs(head_to_head: dict[str, Any], failure: str) -> tuple[int,
 def set_row(results: dict[str, Any], failure: str, head_to_head: dict[str, Any] | None = None) -> dict[str, Any]:
     """One comparison's rksp row for ``failure``, with the seeds it held out; its lead-bar count from
     ``head_to_head`` (``lead_bar_from_runs``) where the comparison has none and every held-out run
-    was watched under today's code."""
+    was watched under the code the comparison ran with."""
     seeds = results["held_out_seeds"]
     rows = [r for r in results["rows"] if r["failure"] == failure and r["watcher"] == RKSP]
     if not rows:
@@ -134,8 +136,8 @@ def tables(sets: list[tuple[Path, Path | None]], failure: str) -> str:
         (set_row(json.loads(m.read_text()), failure, json.loads(h.read_text()) if h else None) for m, h in sets),
         key=lambda s: s["first_seed"],
     )
-    today = [s for s in rows if s["first_seed"] >= TODAY_FROM]
-    pooled = [pool(rows, "all sets"), *([pool(today, f"{TODAY_FROM} on, today's monitors")] if today else [])]
+    newest = [s for s in rows if s["first_seed"] >= SUBLAYER_FROM]
+    pooled = [pool(rows, "all sets"), *([pool(newest, f"{SUBLAYER_FROM} on, with sublayer_ratio")] if newest else [])]
     return markdown(rows, pooled)
 
 

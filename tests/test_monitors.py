@@ -31,7 +31,7 @@ from rksp_cli.monitors.spectral_alignment import (
     activation_fed_layers,
     sign_entropy,
 )
-from rksp_cli.monitors.sublayer_ratio import FOLD, JUMP, SublayerBurst, SublayerRatio, find_sublayers
+from rksp_cli.monitors.sublayer_ratio import FOLD, JUMP, MIN_HISTORY, SublayerBurst, SublayerRatio, find_sublayers
 from rksp_cli.watch import read_log
 from tests.conftest import hf_config
 from tests.tolerances import entropy_tolerance
@@ -615,6 +615,14 @@ def test_sublayer_burst_alarms_on_a_jump_against_a_flat_history_not_on_growth_or
     assert math.log(1.2) / (MAD_TO_SIGMA * 0.01) >= 8 and _burst_alarms(still) == []
 
 
+def test_sublayer_burst_scores_nothing_before_its_minimum_history():
+    """The same burst on the same flat series alarms with MIN_HISTORY checks behind it, not with one
+    fewer: early training's settling branches are not judged (Pre-LN controls 86 and 88)."""
+    flat = [0.1 * (1 + 0.03 * math.sin(t)) for t in range(MIN_HISTORY + 5)]
+    for at, expected in ((MIN_HISTORY - 1, []), (MIN_HISTORY, [MIN_HISTORY])):
+        assert _burst_alarms([*flat[:at], 0.4, *flat[at:]]) == expected
+
+
 def test_sublayer_burst_needs_a_jump_over_the_previous_check_not_only_growth_then_a_step(monkeypatch):
     """Growth over a few checks that ends in a 1.45x step clears the fold and the z (a clean
     fault-harness run did this) but not the jump; a step just over JUMP from the same history
@@ -628,7 +636,7 @@ def test_sublayer_burst_needs_a_jump_over_the_previous_check_not_only_growth_the
 
 
 def test_sublayer_ratio_alarms_on_a_branch_that_jumps_and_rescores_its_log_exactly(tmp_path):
-    """Post-LN GPT trained with the monitor on; at step 30 one MLP's output projection is scaled 20x:
+    """Post-LN GPT trained with the monitor on; at step 40 one MLP's output projection is scaled 20x:
     the monitor alarms on that sub-layer, and the rule fed the logged ratios gives the same alarms.
     (At lr 1e-3 the same jump does not alarm: the ratios still grow fast, their spread hides it.)"""
     torch.manual_seed(0)
@@ -637,8 +645,8 @@ def test_sublayer_ratio_alarms_on_a_branch_that_jumps_and_rescores_its_log_exact
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)  # slow enough for a flat history
     ids = torch.randint(0, 103, (4, 16))
     alerts = []
-    for step in range(36):
-        if step == 30:
+    for step in range(46):
+        if step == 40:  # the 21st check: past the rule's minimum history
             with torch.no_grad():
                 model.blocks[1].mlp.proj.weight.mul_(20)
         _, loss = model(ids, ids)
@@ -646,7 +654,7 @@ def test_sublayer_ratio_alarms_on_a_branch_that_jumps_and_rescores_its_log_exact
         alerts += monitor.step(step, loss=loss)
         optimizer.step()
         optimizer.zero_grad()
-    assert alerts and alerts[0].step == 30 and {a.layer for a in alerts} == {"blocks.1.mlp"}
+    assert alerts and alerts[0].step == 40 and {a.layer for a in alerts} == {"blocks.1.mlp"}
     checks = [(r["step"], r["metrics"]) for r in read_log(tmp_path / "m.jsonl").checks]
     rescored = SublayerBurst(s.name for s in monitor.monitors[0].sites).rescore(checks)
     assert rescored == alerts

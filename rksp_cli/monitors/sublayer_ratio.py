@@ -11,7 +11,7 @@ the stream, then falls back, is that amplification caught in the act.
 
 Alarm (our choice): r at least ``FOLD`` = 3x the median of the sub-layer's last ``WINDOW`` = 20
 checks *and* at least ``Z`` = 8 robust sd above it, in log units (``RobustDrift(log=True)``; no
-score before 10 checks), *and* at least ``JUMP`` = 2x the previous check's r, at one check: bursts
+score before 16 checks), *and* at least ``JUMP`` = 2x the previous check's r, at one check: bursts
 pass in one or two checks, so no persistence is asked. Each test guards against a false alarm: a
 fold alone fires on a branch growing steadily through early training (a healthy Pre-LN run's last
 MLP grew 4x against its median), a robust z alone on a series so flat that its MAD is at the floor
@@ -19,7 +19,10 @@ MLP grew 4x against its median), a robust z alone on a series so flat that its M
 run of the fault harness (seed 13, checks every 10 steps) whose last MoE branch grew 2.5x in 120
 steps, then 1.43x in one check, reached 3.2x and 9 sd. The bursts before deep Post-LN failures
 were 3-270x the previous check (seeds 60-65, first alarms); the jump test was added after those
-runs and moves none of their first alarms.
+runs and moves none of their first alarms. The 16 checks of history (10 until 2026-11-27) came
+after Pre-LN controls 86 and 88 alarmed at step 700, with 14 checks of history,, on branches still settling
+after the start of training; stated before seeds 90-95 ran and replayed on them exactly
+(benchmarks/candidate_replay.py), it moved no failing run's first alarm there or on 78-89.
 
 Why (issue 16): deep Post-LN without warmup (12 blocks, lr 0.003) fails early on some seeds, at
 steps 1135-2697, by collapsing to a near-unigram loss within a few steps, with nothing in the other
@@ -50,7 +53,7 @@ FOLD = 3.0  # times the sub-layer's median ratio over its history
 Z = 8.0  # robust sd above that median, in log units
 JUMP = 2.0  # times the previous check's ratio: a burst, not the end of steady growth
 WINDOW = 20  # checks of history
-MIN_HISTORY = 10  # checks before the first score
+MIN_HISTORY = 16  # checks before the first score
 # (norm before the branch, branch) as blocks name them, attention first, the first match per branch
 # kept: the built-in GPT, Llama-style layers (Mistral, Qwen, ...), GPT-2; for the MLP, Gemma-2-style
 # sandwich norms come before Llama's post_attention_layernorm, which there normalises the attention output
