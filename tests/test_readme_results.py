@@ -29,6 +29,8 @@ RESULTS = ROOT / "benchmarks" / "results"
         ("matched_detectors", "runs_markdown", "monitors-matched-84-89.json", "failing_runs"),
         ("matched_detectors", "markdown", "monitors-matched-90-95.json", "rows"),
         ("matched_detectors", "runs_markdown", "monitors-matched-90-95.json", "failing_runs"),
+        ("matched_detectors", "markdown", "monitors-matched-96-101.json", "rows"),
+        ("matched_detectors", "runs_markdown", "monitors-matched-96-101.json", "failing_runs"),
         ("past_horizon", "markdown", "monitors-past-horizon-78-83.json", "rows"),
         ("past_horizon", "markdown", "monitors-past-horizon-90-95.json", "rows"),
         ("monitors", "actions_markdown", "monitors-actions-fresh.json", "actions"),
@@ -37,6 +39,7 @@ RESULTS = ROOT / "benchmarks" / "results"
         ("monitors", "actions_markdown", "monitors-postln-actions-84-89.json", "actions"),
         ("monitors", "actions_markdown", "monitors-postln-control86-88-rollback.json", "actions"),
         ("monitors", "actions_markdown", "monitors-postln-actions-90-95.json", "actions"),
+        ("monitors", "actions_markdown", "monitors-postln-actions-96-101.json", "actions"),
     ],
 )
 def test_readme_table_is_the_benchmark_output(monkeypatch, module, printer, results, key):
