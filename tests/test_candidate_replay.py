@@ -54,7 +54,7 @@ def test_the_baseline_defaults_to_the_shipped_rule(candidate):
 
 
 def test_the_summary_counts_control_alarms_and_moved_failing_runs(candidate):
-    """A control's early burst is today's false alarm and not the candidate's; a failing run whose only
+    """A control's early burst is the baseline's false alarm and not the candidate's; a failing run whose only
     alarm was early loses it (moved, and its lead bar with it); one alarmed late keeps both."""
     rows = [
         candidate.replay(run("control", 12), 16, 10),

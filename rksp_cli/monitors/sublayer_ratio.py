@@ -20,8 +20,8 @@ run of the fault harness (seed 13, checks every 10 steps) whose last MoE branch 
 steps, then 1.43x in one check, reached 3.2x and 9 sd. The bursts before deep Post-LN failures
 were 3-270x the previous check (seeds 60-65, first alarms); the jump test was added after those
 runs and moves none of their first alarms. The 16 checks of history (10 until 2026-11-27) came
-after Pre-LN controls 86 and 88 alarmed at step 700, with 14 checks of history,, on branches still settling
-after the start of training; stated before seeds 90-95 ran and replayed on them exactly
+after Pre-LN controls 86 and 88 alarmed at step 700, with 14 checks of history, on branches still
+settling after the start of training. Stated before seeds 90-95 ran and replayed on them exactly
 (benchmarks/candidate_replay.py), it moved no failing run's first alarm there or on 78-89.
 
 Why (issue 16): deep Post-LN without warmup (12 blocks, lr 0.003) fails early on some seeds, at
