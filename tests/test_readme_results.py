@@ -40,6 +40,7 @@ RESULTS = ROOT / "benchmarks" / "results"
         ("monitors", "actions_markdown", "monitors-postln-control86-88-rollback.json", "actions"),
         ("monitors", "actions_markdown", "monitors-postln-actions-90-95.json", "actions"),
         ("monitors", "actions_markdown", "monitors-postln-actions-96-101.json", "actions"),
+        ("monitors", "actions_markdown", "monitors-postln-control96-101-rollback.json", "actions"),
     ],
 )
 def test_readme_table_is_the_benchmark_output(monkeypatch, module, printer, results, key):
