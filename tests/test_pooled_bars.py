@@ -1,5 +1,6 @@
 """Pooling the held-out sets' counts (benchmarks/pooled_bars.py)."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -60,6 +61,21 @@ def test_a_set_watched_under_today_s_code_counts_its_lead_bar_from_its_runs(pool
     assert pooled.set_row(comparison(2, "42 of 42", met=2), "f", head_to_head())["lead_bar_met"] == 2  # as counted
     with pytest.raises(ValueError, match="have 2 failures, their comparison 3"):
         pooled.set_row(comparison(3, "42 of 42"), "f", head_to_head())
+
+
+def test_a_failure_a_set_did_not_run_leaves_that_set_out(pooled, tmp_path):
+    """Seeds 48-59 reran only deep Post-LN: a width-64 pooling skips such a set instead of failing,
+    a head-to-head without that failure's runs leaves its lead uncounted, and a failure that no set
+    ran is an error."""
+    assert pooled.set_row(comparison(2, "42 of 42"), "g", head_to_head()) is None
+    other_failure = {"runs": [dict(run, failure="g") for run in head_to_head()["runs"]]}
+    assert pooled.set_row(comparison(2, "42 of 42"), "f", other_failure)["lead_bar_met"] is None
+    (tmp_path / "f.json").write_text(json.dumps(comparison(2, "0 of 42", met=1)))
+    (tmp_path / "g.json").write_text(json.dumps(comparison(2, "0 of 42") | {"rows": []}))
+    sets = [(tmp_path / "f.json", None), (tmp_path / "g.json", None)]
+    assert "| 66-71 | 2 | 1/2 | 1/2 | 0/12 |" in pooled.tables(sets, "f")
+    with pytest.raises(ValueError, match="no comparison has an rksp row for h"):
+        pooled.tables(sets, "h")
 
 
 @pytest.mark.parametrize(("hits", "n"), [(0, 12), (1, 84), (17, 35), (20, 20)])

@@ -31,6 +31,8 @@ RESULTS = ROOT / "benchmarks" / "results"
         ("matched_detectors", "runs_markdown", "monitors-matched-90-95.json", "failing_runs"),
         ("matched_detectors", "markdown", "monitors-matched-96-101.json", "rows"),
         ("matched_detectors", "runs_markdown", "monitors-matched-96-101.json", "failing_runs"),
+        ("matched_detectors", "markdown", "monitors-matched-102-107.json", "rows"),
+        ("matched_detectors", "runs_markdown", "monitors-matched-102-107.json", "failing_runs"),
         ("past_horizon", "markdown", "monitors-past-horizon-78-83.json", "rows"),
         ("past_horizon", "markdown", "monitors-past-horizon-90-95.json", "rows"),
         ("monitors", "actions_markdown", "monitors-actions-fresh.json", "actions"),
@@ -41,6 +43,7 @@ RESULTS = ROOT / "benchmarks" / "results"
         ("monitors", "actions_markdown", "monitors-postln-actions-90-95.json", "actions"),
         ("monitors", "actions_markdown", "monitors-postln-actions-96-101.json", "actions"),
         ("monitors", "actions_markdown", "monitors-postln-control96-101-rollback.json", "actions"),
+        ("monitors", "actions_markdown", "monitors-postln-actions-102-107.json", "actions"),
     ],
 )
 def test_readme_table_is_the_benchmark_output(monkeypatch, module, printer, results, key):
@@ -59,10 +62,11 @@ def test_readme_candidate_table_is_the_replay_s_output(monkeypatch):
     assert "10 / 16 checks" in table and table in (ROOT / "README.md").read_text()
 
 
-def test_readme_pooled_bars_are_the_program_s_sums(monkeypatch):
+@pytest.mark.parametrize("failure", ["post_ln_without_warmup", "attention_logit_growth", "low_precision_attention"])
+def test_readme_pooled_bars_are_the_program_s_sums(monkeypatch, failure):
     """The pooled lead and earliness counts over the held-out sets, summed by ``pooled_bars.py`` from
     the committed comparisons, not by hand."""
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     pooled = importlib.import_module("benchmarks.pooled_bars")
-    table = pooled.tables(pooled.default_sets(), "post_ln_without_warmup")
+    table = pooled.tables(pooled.default_sets(), failure)
     assert table in (ROOT / "README.md").read_text(), "README lacks pooled_bars.py's table as it prints it"
