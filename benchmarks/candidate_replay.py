@@ -14,8 +14,8 @@ longer rule is one of the shorter's. Every other monitor's alarms are today's
 
 Judged so far: on 2026-11-27, after Pre-LN controls 86 and 88 alarmed at step 700, 16 checks of
 history for seeds 90 on against the 10 then shipped (``--baseline 10 --min-history 16``); shipped
-after 90-95 (``MIN_HISTORY`` 16); the former rule replayed on 96-101, the first seeds under the
-new one (``--baseline 16 --min-history 10``).
+after 90-95 (``MIN_HISTORY`` 16); the former rule replayed on 96-101 and 102-107, the first
+seeds under the new one (``--baseline 16 --min-history 10``).
 Run: python benchmarks/candidate_replay.py --seeds 90-95 --min-history N [--baseline N] [--out FILE]
 """
 

@@ -83,12 +83,13 @@ def set_row(results: dict[str, Any], failure: str, head_to_head: dict[str, Any] 
     watched, _, held_out = results["held_out_runs_watched_under_today_s_code"].partition(" of ")
     if met is None and head_to_head is not None and watched == held_out:
         failed, counted = lead_bar_from_runs(head_to_head, failure)
-        if failed and failed != row["failed"]:
-            raise ValueError(
-                f"the head-to-head runs of seeds {min(seeds)}-{max(seeds)} have {failed} failures, "
-                f"their comparison {row['failed']}"
-            )
-        met = counted if failed else None
+        if failed:  # the head-to-head holds this failure's runs
+            if failed != row["failed"]:
+                raise ValueError(
+                    f"the head-to-head runs of seeds {min(seeds)}-{max(seeds)} have {failed} failures, "
+                    f"their comparison {row['failed']}"
+                )
+            met = counted
     return {
         "seeds": f"{min(seeds)}-{max(seeds)}", "first_seed": min(seeds), "failed": row["failed"],
         "lead_bar_met": met, "earliest": row["earlier_than_every_matched_detector"],

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from rksp_cli.monitors.failures import FAILURES
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -63,7 +65,7 @@ def test_readme_candidate_table_is_the_replay_s_output(monkeypatch):
     assert "10 / 16 checks" in table and table in (ROOT / "README.md").read_text()
 
 
-@pytest.mark.parametrize("failure", ["post_ln_without_warmup", "attention_logit_growth", "low_precision_attention"])
+@pytest.mark.parametrize("failure", sorted(FAILURES))
 def test_readme_pooled_bars_are_the_program_s_sums(monkeypatch, failure):
     """The pooled lead and earliness counts over the held-out sets, summed by ``pooled_bars.py`` from
     the committed comparisons, not by hand."""
