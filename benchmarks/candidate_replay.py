@@ -1,22 +1,25 @@
-"""A stated candidate for the sub-layer burst rule, judged on held-out saved runs by exact replay
+"""A stated candidate for a monitor's alarm rule, judged on held-out saved runs by exact replay
 (issue 16).
 
 A rule change found on the runs it would fix cannot be judged on them. So a candidate is stated in
 benchmarks/monitors-log.md before the seeds that judge it are run. This script replays those seeds'
-saved runs (benchmarks/results/monitors/) under a baseline rule and under the candidate, each a
-minimum history of the sub-layer rule. It reports each control's `sublayer_ratio` alarm and each
-failing run's first rksp alarm, lead and lead bar under both.
+saved runs (benchmarks/results/monitors/) under a baseline rule and under the candidate, which
+differ in one knob (``KNOBS``): the sub-layer rule's minimum history (``--min-history``) or the
+attention-logit rule's growth factor (``--logit-growth``). It reports each control's alarm from
+that monitor and each failing run's first rksp alarm, lead and lead bar under both.
 
-Replay is exact because the rule reads only each check's logged ratios (``SublayerBurst``). Raising
-the minimum history leaves every history as it was and only withholds scores, so each alarm of the
-longer rule is one of the shorter's. Every other monitor's alarms are today's
-(``matched_detectors.monitor_alarms``). Seconds on one core.
+Replay is exact because each rule reads only each check's logged values (``SublayerBurst``: the
+branches' ratios; ``growth_alarm``: the layers' largest logits). Every other monitor's alarms are
+today's (``matched_detectors.monitor_alarms``). Seconds on one core.
 
 Judged so far: on 2026-11-27, after Pre-LN controls 86 and 88 alarmed at step 700, 16 checks of
 history for seeds 90 on against the 10 then shipped (``--baseline 10 --min-history 16``); shipped
 after 90-95 (``MIN_HISTORY`` 16); the former rule replayed on 96-101 and 102-107, the first
-seeds under the new one (``--baseline 16 --min-history 10``).
-Run: python benchmarks/candidate_replay.py --seeds 90-95 --min-history N [--baseline N] [--out FILE]
+seeds under the new one (``--baseline 16 --min-history 10``). Stated for 108-113, after
+low-precision seed 105's late alarm: the attention-logit rule at growth 2.5 against the shipped 3
+(``--logit-growth 2.5``).
+Run: python benchmarks/candidate_replay.py --seeds 90-95 (--min-history N | --logit-growth X)
+[--baseline VALUE] [--out FILE]
 """
 
 from __future__ import annotations
@@ -24,12 +27,15 @@ from __future__ import annotations
 import argparse
 import json
 from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from machine import cpu_model
 from matched_detectors import (
     RUNS,
+    attention_logits_alarm,
     bar_met,
     first_of,
     lead,
@@ -41,30 +47,48 @@ from matched_detectors import (
 
 from rksp_cli.errors import InputError
 from rksp_cli.files import atomic_path, check_writable
+from rksp_cli.monitors.attention_logits import GROWTH
 from rksp_cli.monitors.failures import WatchedRun
 from rksp_cli.monitors.sublayer_ratio import MIN_HISTORY
 
 RULES = ("baseline", "candidate")
 
 
-def replay(run: WatchedRun, min_history: int, baseline: int = MIN_HISTORY) -> dict[str, Any]:
-    """One saved run with the sub-layer rule at the ``baseline`` and at the candidate's minimum history."""
+@dataclass(frozen=True)
+class Knob:
+    """One knob of one monitor's rule: its shipped value, how a saved run is rescored at another,
+    and how the table names a value. A smaller value is the looser rule for every knob here."""
+
+    key: str
+    monitor: str
+    shipped: float
+    rescore: Callable[[WatchedRun, Any], int | None]
+    label: Callable[[Any], str]
+
+
+KNOBS = {
+    "min_history": Knob("min_history", "sublayer_ratio", MIN_HISTORY, sublayer_ratio_alarm, "{} checks".format),
+    "logit_growth": Knob("logit_growth", "attention_logits", GROWTH, attention_logits_alarm, "growth {:g}".format),
+}
+
+
+def replay(run: WatchedRun, knob: Knob, candidate: float, baseline: float | None = None) -> dict[str, Any]:
+    """One saved run with ``knob``'s monitor at the ``baseline`` value (the shipped one by default)
+    and at the candidate's."""
     others = monitor_alarms(run)
     row: dict[str, Any] = {"failure": run.failure, "kind": run.kind, "seed": run.seed, "failed": run.failed_step}
-    for rule, checks in zip(RULES, (baseline, min_history), strict=True):
-        alarms = (
-            others | {"sublayer_ratio": sublayer_ratio_alarm(run, checks)} if "sublayer_ratio" in others else others
-        )
+    for rule, value in zip(RULES, (knob.shipped if baseline is None else baseline, candidate), strict=True):
+        alarms = others | {knob.monitor: knob.rescore(run, value)} if knob.monitor in others else others
         first = first_of(alarms.values())
         ahead = lead(run.failed_step, first)
         row[rule] = {
-            "sublayer_ratio": alarms.get("sublayer_ratio"), "rksp": first, "lead": ahead,
+            knob.monitor: alarms.get(knob.monitor), "rksp": first, "lead": ahead,
             "lead_bar_met": bar_met(ahead, run.failed_step),
         }  # fmt: skip
     return row
 
 
-def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def summary(rows: list[dict[str, Any]], knob: Knob) -> dict[str, Any]:
     """Controls' alarms and failing runs' lead bars under both rules, and the failing runs whose
     first rksp alarm the candidate moves from the baseline's."""
     controls = [r for r in rows if r["kind"] != "failing"]
@@ -72,7 +96,7 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {"controls": len(controls), "failed": len(failed)}
     for rule in RULES:
         out[rule] = {
-            "sublayer_ratio_control_alarms": sum(r[rule]["sublayer_ratio"] is not None for r in controls),
+            f"{knob.monitor}_control_alarms": sum(r[rule][knob.monitor] is not None for r in controls),
             "rksp_control_alarms": sum(r[rule]["rksp"] is not None for r in controls),
             "lead_bar_met": sum(r[rule]["lead_bar_met"] for r in failed),
         }
@@ -88,41 +112,64 @@ def _step(step: int | None) -> str:
     return "-" if step is None else str(step)
 
 
-def markdown(rows: list[dict[str, Any]], baseline: int, candidate: int) -> str:
-    """The runs with a `sublayer_ratio` alarm under the shorter minimum history: the only ones the
-    other can change."""
+def markdown(rows: list[dict[str, Any]], knob: Knob, baseline: float, candidate: float) -> str:
+    """The runs that ``knob``'s monitor alarms on under the looser of the two rules: the only ones
+    the other can change."""
     lines = [
-        f"| run | failed at | sub-layer alarm: {baseline} / {candidate} checks | rksp's first alarm | lead bar |",
+        f"| run | failed at | `{knob.monitor}` alarm: {knob.label(baseline)} / {knob.label(candidate)} "
+        "| rksp's first alarm | lead bar |",
         "|---|---|---|---|---|",
     ]
-    shorter = RULES[0] if baseline <= candidate else RULES[1]
+    looser = RULES[0] if baseline <= candidate else RULES[1]
     for r in rows:
         base, cand = r["baseline"], r["candidate"]
-        if r[shorter]["sublayer_ratio"] is None:
+        if r[looser][knob.monitor] is None:
             continue
         bars = "/".join("met" if x["lead_bar_met"] else "-" for x in (base, cand)) if r["failed"] else "-"
         lines.append(
             f"| {r['failure']} {r['kind']} {r['seed']} | {_step(r['failed'])} "
-            f"| {_step(base['sublayer_ratio'])} / {_step(cand['sublayer_ratio'])} "
+            f"| {_step(base[knob.monitor])} / {_step(cand[knob.monitor])} "
             f"| {_step(base['rksp'])} / {_step(cand['rksp'])} | {bars} |"
         )
     return "\n".join(lines)
 
 
+def _value(knob: Knob, flag: str, text: str) -> float:
+    """A knob's value from the command line, or a one-line reason it cannot be one."""
+    if knob.key == "min_history":
+        if not text.isdigit() or int(text) < 1:
+            raise ValueError(f"{flag} {text}: a rule needs a whole number of checks of history, at least 1")
+        return int(text)
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 1:
+        raise ValueError(f"{flag} {text}: a growth factor is a number above 1")
+    return value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=" ".join(__doc__.splitlines()[:2]))
     parser.add_argument("--seeds", type=seed_range, required=True, help="the seeds judged (a range a-b)")
-    parser.add_argument("--min-history", type=int, required=True, help="the candidate's checks before a score")
-    parser.add_argument(
-        "--baseline", type=int, default=MIN_HISTORY, help=f"the baseline's checks before a score ({MIN_HISTORY})"
-    )
+    rule = parser.add_mutually_exclusive_group(required=True)
+    rule.add_argument("--min-history", help=f"the candidate sub-layer rule's checks before a score ({MIN_HISTORY})")
+    rule.add_argument("--logit-growth", help=f"the candidate attention-logit rule's growth factor ({GROWTH:g})")
+    parser.add_argument("--baseline", help="the baseline's value of the same knob (default: the shipped one)")
     parser.add_argument("--runs", type=Path, default=RUNS, help="folder of the saved runs")
-    parser.add_argument("--out", type=Path, help="results JSON (default: results/monitors-candidate-SEEDS.json)")
+    parser.add_argument(
+        "--out", type=Path, help="results JSON (default: results/monitors-candidate[-logit-growth]-SEEDS.json)"
+    )
     args = parser.parse_args()
-    for flag, value in (("--min-history", args.min_history), ("--baseline", args.baseline)):
-        if value < 1:
-            parser.error(f"{flag} {value}: a rule needs at least 1 check of history")
-    out = args.out or RUNS.parent / f"monitors-candidate-{min(args.seeds)}-{max(args.seeds)}.json"
+    knob = KNOBS["min_history" if args.min_history is not None else "logit_growth"]
+    flag = "--" + knob.key.replace("_", "-")
+    try:
+        candidate = _value(knob, flag, getattr(args, knob.key))
+        baseline = knob.shipped if args.baseline is None else _value(knob, "--baseline", args.baseline)
+    except ValueError as exc:
+        parser.error(str(exc))
+    tag = "" if knob.key == "min_history" else "logit-growth-"
+    out = args.out or RUNS.parent / f"monitors-candidate-{tag}{min(args.seeds)}-{max(args.seeds)}.json"
     try:
         check_writable(out, "--out")
     except InputError as exc:
@@ -131,18 +178,18 @@ def main() -> None:
     if not paths:
         parser.error(f"no saved runs of seeds {min(args.seeds)}-{max(args.seeds)} under {args.runs}")
     runs = [WatchedRun.from_dict(json.loads(p.read_text())) for p in paths]
-    rows = [replay(run, args.min_history, args.baseline) for run in runs]
+    rows = [replay(run, knob, candidate, baseline) for run in runs]
     results = {
         "machine": cpu_model(),
         "seeds": sorted(args.seeds),
-        "min_history": {"baseline": args.baseline, "candidate": args.min_history},
+        knob.key: {"baseline": baseline, "candidate": candidate},
         "runs_by_monitor_code": dict(Counter(r.monitor_code for r in runs)),
-        "summary": summary(rows),
+        "summary": summary(rows, knob),
         "rows": rows,
     }
     with atomic_path(out) as tmp:
         tmp.write_text(json.dumps(results, indent=1))
-    print(markdown(rows, args.baseline, args.min_history))
+    print(markdown(rows, knob, baseline, candidate))
     print(json.dumps(results["summary"], indent=1))
 
 

@@ -1,4 +1,4 @@
-"""A stated candidate for the sub-layer burst rule, replayed on saved runs (benchmarks/candidate_replay.py)."""
+"""A stated candidate for a monitor's rule, replayed on saved runs (benchmarks/candidate_replay.py)."""
 
 from pathlib import Path
 
@@ -36,7 +36,11 @@ def run(kind: str, burst_at: int, checks: int = 30, failed_at: int | None = None
 def test_the_candidate_withholds_an_early_burst_and_keeps_a_late_one(candidate):
     """A burst at the 12th check scores under a baseline of 10 checks of history, not under 16; one at
     the 25th scores under both, at the same step."""
-    early, late = candidate.replay(run("control", 12), 16, 10), candidate.replay(run("control", 25), 16, 10)
+    history = candidate.KNOBS["min_history"]
+    early, late = (
+        candidate.replay(run("control", 12), history, 16, 10),
+        candidate.replay(run("control", 25), history, 16, 10),
+    )
     assert (early["baseline"]["sublayer_ratio"], early["candidate"]["sublayer_ratio"]) == (600, None)
     assert late["baseline"]["sublayer_ratio"] == late["candidate"]["sublayer_ratio"] == 1250
 
@@ -45,9 +49,11 @@ def test_the_baseline_defaults_to_the_shipped_rule(candidate):
     """Without a baseline the replay's is the shipped minimum history: a burst before it is withheld."""
     from rksp_cli.monitors.sublayer_ratio import MIN_HISTORY
 
+    history = candidate.KNOBS["min_history"]
+
     before, after = (
-        candidate.replay(run("control", MIN_HISTORY), 1),
-        candidate.replay(run("control", MIN_HISTORY + 1), 1),
+        candidate.replay(run("control", MIN_HISTORY), history, 1),
+        candidate.replay(run("control", MIN_HISTORY + 1), history, 1),
     )
     assert before["baseline"]["sublayer_ratio"] is None and before["candidate"]["sublayer_ratio"] == 50 * MIN_HISTORY
     assert after["baseline"]["sublayer_ratio"] == after["candidate"]["sublayer_ratio"] == 50 * (MIN_HISTORY + 1)
@@ -56,17 +62,78 @@ def test_the_baseline_defaults_to_the_shipped_rule(candidate):
 def test_the_summary_counts_control_alarms_and_moved_failing_runs(candidate):
     """A control's early burst is the baseline's false alarm and not the candidate's; a failing run whose only
     alarm was early loses it (moved, and its lead bar with it); one alarmed late keeps both."""
+    history = candidate.KNOBS["min_history"]
     rows = [
-        candidate.replay(run("control", 12), 16, 10),
-        candidate.replay(run("failing", 12, failed_at=1400), 16, 10),
-        candidate.replay(run("failing", 20, failed_at=1400), 16, 10),
+        candidate.replay(run("control", 12), history, 16, 10),
+        candidate.replay(run("failing", 12, failed_at=1400), history, 16, 10),
+        candidate.replay(run("failing", 20, failed_at=1400), history, 16, 10),
     ]
-    s = candidate.summary(rows)
+    s = candidate.summary(rows, history)
     assert (s["controls"], s["failed"]) == (1, 2)
     assert s["baseline"] == {"sublayer_ratio_control_alarms": 1, "rksp_control_alarms": 1, "lead_bar_met": 2}
     assert s["candidate"] == {"sublayer_ratio_control_alarms": 0, "rksp_control_alarms": 0, "lead_bar_met": 1}
     assert s["failing_runs_moved"] == [
         {"failure": "post_ln_without_warmup", "seed": 7, "baseline": 600, "candidate": None}
     ]
-    table = candidate.markdown(rows, 10, 16)
-    assert "| 600 / - |" in table and "met/-" in table and "10 / 16 checks" in table
+    table = candidate.markdown(rows, history, 10, 16)
+    assert "| 600 / - |" in table and "met/-" in table and "10 checks / 16 checks" in table
+
+
+def logit_run(kind: str, logits: list[float], failed_at: int | None = None) -> WatchedRun:
+    """A width-64 run checked every 50 steps whose one attention layer logs ``logits`` as its largest
+    logit; a failing run's loss collapses at ``failed_at``."""
+    series = [
+        {"step": 50 * (i + 1), "metrics": {"attn_logit_max/blocks.1.attn": v, "attn_logit_max": v}}
+        for i, v in enumerate(logits)
+    ]
+    n = 50 * (len(logits) + 2)
+    losses = [5.5 - 2.0 * min(t / 1000, 1.0) for t in range(n)]
+    if failed_at is not None:
+        losses[failed_at:] = [8.0] * (n - failed_at)
+    return WatchedRun("low_precision_attention", kind, 7, n, losses, [1.0] * n, None, [], ["attention_logits"],
+                      0.01, {}, series=series)  # fmt: skip
+
+
+def test_a_looser_logit_growth_alarms_on_growth_the_shipped_rule_lets_pass(candidate):
+    """Logits at 2.6-2.9x their low of the last 4 checks, above the level, are growth at 2.5 and not
+    at the shipped 3: the candidate alarms at the third such check, the baseline not at all. Growth
+    of 5x per check alarms under both, at the same step."""
+    growth = candidate.KNOBS["logit_growth"]
+    slow = logit_run("failing", [60, 60, 60, 60, 160, 170, 165, 168], failed_at=500)
+    fast = logit_run("failing", [60, 60, 60, 60, 300, 1500, 7500, 7500], failed_at=500)
+    s, f = candidate.replay(slow, growth, 2.5), candidate.replay(fast, growth, 2.5)
+    assert (s["baseline"]["attention_logits"], s["candidate"]["attention_logits"]) == (None, 350)
+    assert f["baseline"]["attention_logits"] == f["candidate"]["attention_logits"] == 350
+    table = candidate.markdown([s, f], growth, 3.0, 2.5)
+    assert "`attention_logits` alarm: growth 3 / growth 2.5" in table and "| - / 350 |" in table
+
+
+def test_the_replayed_shipped_logit_rule_is_the_monitor_s(candidate):
+    """The replay's baseline is the monitor's own rule: fed the same logits, the alarm of a live
+    ``AttentionLogits`` and the replay's fire at the same check."""
+    from rksp_cli.models.gpt import GPT, GPTConfig
+    from rksp_cli.monitors.attention_entropy import find_attention
+    from rksp_cli.monitors.attention_logits import AttentionLogits
+
+    logits = [60, 60, 60, 60, 200, 700, 2400, 9000]
+    alarm = AttentionLogits(find_attention(GPT(GPTConfig(n_layers=1)))).alarm
+    live = next(50 * (i + 1) for i, v in enumerate(logits) if alarm.update(50 * (i + 1), "blocks.0.attn", v))
+    replayed = candidate.replay(logit_run("failing", logits), candidate.KNOBS["logit_growth"], 2.5)
+    assert replayed["baseline"]["attention_logits"] == live
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--min-history", "0"], "--min-history 0: a rule needs a whole number"),
+        (["--min-history", "2.5"], "--min-history 2.5: a rule needs a whole number"),
+        (["--logit-growth", "1"], "--logit-growth 1: a growth factor is a number above 1"),
+        (["--logit-growth", "2.5", "--baseline", "x"], "--baseline x: a growth factor is a number above 1"),
+        (["--min-history", "10", "--logit-growth", "2.5"], "not allowed with argument"),
+    ],
+)
+def test_bad_knob_values_are_one_line_and_exit_2(candidate, monkeypatch, capsys, args, message):
+    monkeypatch.setattr("sys.argv", ["candidate_replay.py", "--seeds", "0-1", *args])
+    with pytest.raises(SystemExit) as exc:
+        candidate.main()
+    assert exc.value.code == 2 and message in capsys.readouterr().err
