@@ -9,7 +9,8 @@ attention-logit rule's growth factor (``--logit-growth``). It reports each contr
 that monitor and each failing run's first rksp alarm, lead and lead bar under both.
 
 Replay is exact because each rule reads only each check's logged values (``SublayerBurst``: the
-branches' ratios; ``growth_alarm``: the layers' largest logits). Every other monitor's alarms are
+branches' ratios; ``GrowthAlarm``, built as ``AttentionLogits`` builds it: the layers' largest
+logits). Every other monitor's alarms are
 today's (``matched_detectors.monitor_alarms``). Seconds on one core.
 
 Judged so far: on 2026-11-27, after Pre-LN controls 86 and 88 alarmed at step 700, 16 checks of
@@ -54,22 +55,46 @@ from rksp_cli.monitors.sublayer_ratio import MIN_HISTORY
 RULES = ("baseline", "candidate")
 
 
+def _checks(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError("a rule needs a whole number of checks of history, at least 1")
+    return int(text)
+
+
+def _growth(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 1:
+        raise ValueError("a growth factor is a number above 1")
+    return value
+
+
 @dataclass(frozen=True)
 class Knob:
     """One knob of one monitor's rule: its shipped value, how a saved run is rescored at another,
-    and how the table names a value. A smaller value is the looser rule for every knob here."""
+    how a value is read from the command line and named in the table, and the results file's tag.
+    A smaller value is the looser rule for every knob here."""
 
     key: str
     monitor: str
     shipped: float
     rescore: Callable[[WatchedRun, Any], int | None]
+    parse: Callable[[str], float]
     label: Callable[[Any], str]
+    tag: str
 
 
 KNOBS = {
-    "min_history": Knob("min_history", "sublayer_ratio", MIN_HISTORY, sublayer_ratio_alarm, "{} checks".format),
-    "logit_growth": Knob("logit_growth", "attention_logits", GROWTH, attention_logits_alarm, "growth {:g}".format),
-}
+    "min_history": Knob(
+        "min_history", "sublayer_ratio", MIN_HISTORY, sublayer_ratio_alarm, _checks, "{} checks".format, ""
+    ),
+    "logit_growth": Knob(
+        "logit_growth", "attention_logits", GROWTH, attention_logits_alarm, _growth, "growth {:g}".format,
+        "logit-growth-",
+    ),
+}  # fmt: skip
 
 
 def replay(run: WatchedRun, knob: Knob, candidate: float, baseline: float | None = None) -> dict[str, Any]:
@@ -134,21 +159,6 @@ def markdown(rows: list[dict[str, Any]], knob: Knob, baseline: float, candidate:
     return "\n".join(lines)
 
 
-def _value(knob: Knob, flag: str, text: str) -> float:
-    """A knob's value from the command line, or a one-line reason it cannot be one."""
-    if knob.key == "min_history":
-        if not text.isdigit() or int(text) < 1:
-            raise ValueError(f"{flag} {text}: a rule needs a whole number of checks of history, at least 1")
-        return int(text)
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not value > 1:
-        raise ValueError(f"{flag} {text}: a growth factor is a number above 1")
-    return value
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=" ".join(__doc__.splitlines()[:2]))
     parser.add_argument("--seeds", type=seed_range, required=True, help="the seeds judged (a range a-b)")
@@ -162,14 +172,14 @@ def main() -> None:
     )
     args = parser.parse_args()
     knob = KNOBS["min_history" if args.min_history is not None else "logit_growth"]
-    flag = "--" + knob.key.replace("_", "-")
-    try:
-        candidate = _value(knob, flag, getattr(args, knob.key))
-        baseline = knob.shipped if args.baseline is None else _value(knob, "--baseline", args.baseline)
-    except ValueError as exc:
-        parser.error(str(exc))
-    tag = "" if knob.key == "min_history" else "logit-growth-"
-    out = args.out or RUNS.parent / f"monitors-candidate-{tag}{min(args.seeds)}-{max(args.seeds)}.json"
+    values = {"--" + knob.key.replace("_", "-"): getattr(args, knob.key), "--baseline": args.baseline}
+    for flag, text in values.items():
+        try:
+            values[flag] = knob.shipped if text is None else knob.parse(text)
+        except ValueError as exc:
+            parser.error(f"{flag} {text}: {exc}")
+    candidate, baseline = values.values()
+    out = args.out or RUNS.parent / f"monitors-candidate-{knob.tag}{min(args.seeds)}-{max(args.seeds)}.json"
     try:
         check_writable(out, "--out")
     except InputError as exc:
