@@ -35,6 +35,8 @@ RESULTS = ROOT / "benchmarks" / "results"
         ("matched_detectors", "runs_markdown", "monitors-matched-96-101.json", "failing_runs"),
         ("matched_detectors", "markdown", "monitors-matched-102-107.json", "rows"),
         ("matched_detectors", "runs_markdown", "monitors-matched-102-107.json", "failing_runs"),
+        ("matched_detectors", "markdown", "monitors-matched-108-113.json", "rows"),
+        ("matched_detectors", "runs_markdown", "monitors-matched-108-113.json", "failing_runs"),
         ("past_horizon", "markdown", "monitors-past-horizon-78-83.json", "rows"),
         ("past_horizon", "markdown", "monitors-past-horizon-90-95.json", "rows"),
         ("monitors", "actions_markdown", "monitors-actions-fresh.json", "actions"),
