@@ -53,8 +53,7 @@ from rksp_cli.errors import InputError
 from rksp_cli.files import atomic_path, check_writable
 from rksp_cli.models.gpt import GPT
 from rksp_cli.monitors.attention_entropy import UpdateConcentration, find_attention, spectrum_widths
-from rksp_cli.monitors.attention_logits import GROWTH, LAG, LEVEL, AttentionLogits
-from rksp_cli.monitors.base import GrowthAlarm
+from rksp_cli.monitors.attention_logits import GROWTH, PREFIX, growth_alarm
 from rksp_cli.monitors.failures import FAILURES, WatchedRun, by_kind, monitor_code
 from rksp_cli.monitors.r_metric import WEIGHTS, RMetric
 from rksp_cli.monitors.spectral_alignment import SignCollapse, activation_fed_layers
@@ -174,13 +173,11 @@ def sublayer_ratio_alarm(run: WatchedRun, min_history: int = MIN_HISTORY) -> int
 def attention_logits_alarm(run: WatchedRun, growth: float = GROWTH) -> int | None:
     """The attention-logit rule's first alarm on a saved run, rescored from its logged per-layer
     largest logits (``growth_alarm``: exact, since the rule reads nothing else); with ``growth``, a
-    candidate growth factor (benchmarks/candidate_replay.py). Built as ``AttentionLogits`` builds
-    its alarm (tests/test_candidate_replay.py holds the two together)."""
-    alarm = GrowthAlarm(AttentionLogits.name, "max attention logit", LEVEL, growth=growth, lag=LAG, warmup=LAG)
-    prefix = "attn_logit_max/"  # a layer's logged largest logit
+    candidate growth factor (benchmarks/candidate_replay.py)."""
+    alarm = growth_alarm(growth)
     for check in run.series:
         for key, value in check["metrics"].items():
-            if key.startswith(prefix) and alarm.update(check["step"], key.removeprefix(prefix), value):
+            if key.startswith(PREFIX) and alarm.update(check["step"], key.removeprefix(PREFIX), value):
                 return check["step"]
     return None
 

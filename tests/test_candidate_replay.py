@@ -96,12 +96,12 @@ def logit_run(kind: str, logits: list[float], failed_at: int | None = None) -> W
 
 def test_a_looser_logit_growth_alarms_on_growth_the_shipped_rule_lets_pass(candidate):
     """Logits at 2.6-2.9x their low of the last 4 checks, above the level, are growth at 2.5 and not
-    at the shipped 3: the candidate alarms at the third such check, the baseline not at all. Growth
-    of 5x per check alarms under both, at the same step."""
+    at 3 (shipped until seeds 108-113): the candidate alarms at the third such check, the baseline
+    not at all. Growth of 5x per check alarms under both, at the same step."""
     growth = candidate.KNOBS["logit_growth"]
     slow = logit_run("failing", [60, 60, 60, 60, 160, 170, 165, 168], failed_at=500)
     fast = logit_run("failing", [60, 60, 60, 60, 300, 1500, 7500, 7500], failed_at=500)
-    s, f = candidate.replay(slow, growth, 2.5), candidate.replay(fast, growth, 2.5)
+    s, f = candidate.replay(slow, growth, 2.5, 3.0), candidate.replay(fast, growth, 2.5, 3.0)
     assert (s["baseline"]["attention_logits"], s["candidate"]["attention_logits"]) == (None, 350)
     assert f["baseline"]["attention_logits"] == f["candidate"]["attention_logits"] == 350
     table = candidate.markdown([s, f], growth, 3.0, 2.5)
@@ -115,11 +115,11 @@ def test_the_replayed_shipped_logit_rule_is_the_monitor_s(candidate):
     from rksp_cli.monitors.attention_entropy import find_attention
     from rksp_cli.monitors.attention_logits import AttentionLogits
 
-    logits = [60, 60, 60, 60, 200, 700, 2400, 9000]
-    alarm = AttentionLogits(find_attention(GPT(GPTConfig(n_layers=1)))).alarm
-    live = next(50 * (i + 1) for i, v in enumerate(logits) if alarm.update(50 * (i + 1), "blocks.0.attn", v))
-    replayed = candidate.replay(logit_run("failing", logits), candidate.KNOBS["logit_growth"], 2.5)
-    assert replayed["baseline"]["attention_logits"] == live
+    for logits in ([60, 60, 60, 60, 200, 700, 2400, 9000], [60, 60, 60, 60, 160, 170, 165, 168]):
+        alarm = AttentionLogits(find_attention(GPT(GPTConfig(n_layers=1)))).alarm
+        steps = [50 * (i + 1) for i, v in enumerate(logits) if alarm.update(50 * (i + 1), "blocks.0.attn", v)]
+        replayed = candidate.replay(logit_run("failing", logits), candidate.KNOBS["logit_growth"], 3.0)
+        assert replayed["baseline"]["attention_logits"] == (steps[0] if steps else None)
 
 
 @pytest.mark.parametrize(

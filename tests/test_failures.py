@@ -363,7 +363,7 @@ def test_monitor_code_ignores_docstrings_and_comments_but_not_a_changed_rule(tmp
     assert reworded != source
     target.write_text(reworded + "# a comment\n")
     assert monitor_code(copy) == before
-    changed = source.replace("LEVEL, GROWTH, LAG = 150.0, 3.0, 4", "LEVEL, GROWTH, LAG = 100.0, 3.0, 4")
+    changed = source.replace("LEVEL, GROWTH, LAG = 150.0,", "LEVEL, GROWTH, LAG = 100.0,")
     assert changed != source
     target.write_text(changed)
     assert monitor_code(copy) != before
