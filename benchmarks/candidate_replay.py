@@ -14,10 +14,11 @@ today's (``matched_detectors.monitor_alarms``). Seconds on one core.
 
 Judged so far: on 2026-11-27, after Pre-LN controls 86 and 88 alarmed at step 700, 16 checks of
 history for seeds 90 on against the 10 then shipped (``--baseline 10 --min-history 16``); shipped
-after 90-95 (``MIN_HISTORY`` 16); the former rule replayed on 96-101 and 102-107, the first
-seeds under the new one (``--baseline 16 --min-history 10``). Stated for 108-113, after
+after 90-95 (``MIN_HISTORY`` 16); the former rule replayed on 96-101, 102-107 and 108-113, the
+first seeds under the new one (``--baseline 16 --min-history 10``). Stated for 108-113, after
 low-precision seed 105's late alarm: the attention-logit rule at growth 2.5 against the 3 then
-shipped (``--baseline 3 --logit-growth 2.5``); shipped after 108-113 (``GROWTH`` 2.5).
+shipped (``--baseline 3 --logit-growth 2.5``); shipped after 108-113 (``GROWTH`` 2.5), the former
+rule replayed on 114-119 (``--logit-growth 3``).
 Run: python benchmarks/candidate_replay.py --seeds 90-95 (--min-history N | --logit-growth X)
 [--baseline VALUE] [--out FILE]
 """

@@ -50,7 +50,6 @@ def test_the_baseline_defaults_to_the_shipped_rule(candidate):
     from rksp_cli.monitors.sublayer_ratio import MIN_HISTORY
 
     history = candidate.KNOBS["min_history"]
-
     before, after = (
         candidate.replay(run("control", MIN_HISTORY), history, 1),
         candidate.replay(run("control", MIN_HISTORY + 1), history, 1),
@@ -94,7 +93,7 @@ def logit_run(kind: str, logits: list[float], failed_at: int | None = None) -> W
                       0.01, {}, series=series)  # fmt: skip
 
 
-def test_a_looser_logit_growth_alarms_on_growth_the_shipped_rule_lets_pass(candidate):
+def test_a_looser_logit_growth_alarms_on_growth_a_tighter_one_lets_pass(candidate):
     """Logits at 2.6-2.9x their low of the last 4 checks, above the level, are growth at 2.5 and not
     at 3 (shipped until seeds 108-113): the candidate alarms at the third such check, the baseline
     not at all. Growth of 5x per check alarms under both, at the same step."""

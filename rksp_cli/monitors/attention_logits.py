@@ -24,7 +24,9 @@ hardly stands out against its own recent history. The growth factor was 3 until 
 low-precision run (seed 105) whose logit paused a check grew to 258 against a low of 86, just
 short of 3x, and was alarmed only 85 steps ahead; 2.5, stated before seeds 108-113 and replayed
 exactly on them, changed no alarm there, and on the saved runs of 78-107 it moves only that one
-(benchmarks/candidate_replay.py). Still well above a healthy model's 1.5x.
+(benchmarks/candidate_replay.py); on the first runs watched under it (width 64, seeds 114-119) it
+alarmed 150 steps sooner than 3 would have on one of 9 failures, and on no control. Still well
+above a healthy model's 1.5x per 200 steps.
 
 Cost per check and layer: the queries and keys of up to ``tokens`` sampled inputs (one projection)
 and an (heads x tokens x tokens) product.
