@@ -18,6 +18,15 @@ def candidate(monkeypatch):
     return candidate_replay
 
 
+def watched(failure: str, monitor: str, kind: str, series: list[dict], steps: int, failed_at: int | None) -> WatchedRun:
+    """A saved run of ``failure`` watched by ``monitor`` alone, logging ``series``; its loss falls for
+    1000 steps and, in a failing run, goes back to its start at ``failed_at``."""
+    losses = [5.5 - 2.0 * min(t / 1000, 1.0) for t in range(steps)]
+    if failed_at is not None:
+        losses[failed_at:] = [5.5] * (steps - failed_at)
+    return WatchedRun(failure, kind, 7, steps, losses, [1.0] * steps, None, [], [monitor], 0.1, {}, series=series)
+
+
 def run(kind: str, burst_at: int, checks: int = 30, failed_at: int | None = None) -> WatchedRun:
     """A run checked every 50 steps whose one branch sits at a ratio of 0.1 (small wiggles) but for
     a 10x burst at check ``burst_at``; a failing run's loss collapses at ``failed_at``."""
@@ -25,12 +34,7 @@ def run(kind: str, burst_at: int, checks: int = 30, failed_at: int | None = None
         {"step": 50 * i, "metrics": {f"sublayer_ratio/{LAYER}": 1.0 if i == burst_at else 0.1 * (1 + 0.01 * (i % 3))}}
         for i in range(1, checks + 1)
     ]
-    n = 50 * checks
-    losses = [5.5 - 2.0 * min(t / 1000, 1.0) for t in range(n)]
-    if failed_at is not None:
-        losses[failed_at:] = [5.5] * (n - failed_at)
-    return WatchedRun("post_ln_without_warmup", kind, 7, n, losses, [1.0] * n, None, [], ["sublayer_ratio"],
-                      0.1, {}, series=series)  # fmt: skip
+    return watched("post_ln_without_warmup", "sublayer_ratio", kind, series, 50 * checks, failed_at)
 
 
 def test_the_candidate_withholds_an_early_burst_and_keeps_a_late_one(candidate):
@@ -85,12 +89,7 @@ def logit_run(kind: str, logits: list[float], failed_at: int | None = None) -> W
         {"step": 50 * (i + 1), "metrics": {"attn_logit_max/blocks.1.attn": v, "attn_logit_max": v}}
         for i, v in enumerate(logits)
     ]
-    n = 50 * (len(logits) + 2)
-    losses = [5.5 - 2.0 * min(t / 1000, 1.0) for t in range(n)]
-    if failed_at is not None:
-        losses[failed_at:] = [8.0] * (n - failed_at)
-    return WatchedRun("low_precision_attention", kind, 7, n, losses, [1.0] * n, None, [], ["attention_logits"],
-                      0.01, {}, series=series)  # fmt: skip
+    return watched("low_precision_attention", "attention_logits", kind, series, 50 * (len(logits) + 6), failed_at)
 
 
 def test_a_looser_logit_growth_alarms_on_growth_a_tighter_one_lets_pass(candidate):
@@ -105,6 +104,7 @@ def test_a_looser_logit_growth_alarms_on_growth_a_tighter_one_lets_pass(candidat
     assert f["baseline"]["attention_logits"] == f["candidate"]["attention_logits"] == 350
     table = candidate.markdown([s, f], growth, 3.0, 2.5)
     assert "`attention_logits` alarm: growth 3 / growth 2.5" in table and "| - / 350 |" in table
+    assert (s["baseline"]["lead_bar_met"], s["candidate"]["lead_bar_met"]) == (False, True)  # it failed after
 
 
 def test_the_replayed_shipped_logit_rule_is_the_monitor_s(candidate):
