@@ -11,7 +11,7 @@ TORCH  := torch==2.13.0
 STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 SCREEN ?= screens/gpt-small-noln.yaml
 
-.PHONY: install screen test lint format clean bench-norms bench-sweep bench-dmd bench-scale bench-kss bench-kss-regime bench-faults bench-monitors bench-monitors-matched bench-monitors-heldout bench-monitors-gpu bench-stability bench-known-spectrum bench-ladder bench-published calibration calibration-gpu horizon rescreen token-samples refit
+.PHONY: install screen test lint format clean bench-norms bench-sweep bench-dmd bench-scale bench-kss bench-kss-regime bench-faults bench-monitors bench-monitors-matched bench-monitors-heldout bench-monitors-gpu bench-monitors-gpu-table bench-stability bench-known-spectrum bench-ladder bench-published calibration calibration-gpu horizon rescreen token-samples refit
 
 install: $(STAMP)
 
@@ -95,7 +95,7 @@ bench-monitors-matched: install
 # its horizon trained on to 10,000 steps without monitors (about 19 minutes each, two at a time),
 # then the bars pooled over every held-out set.
 # Resumable: each run is saved as it finishes.
-HELD_OUT ?= 114
+HELD_OUT ?= 120
 HELD_OUT_SEEDS = $(HELD_OUT)-$(shell echo $$(($(HELD_OUT) + 5)))
 bench-monitors-heldout: install
 	$(BIN)/python benchmarks/monitors.py --failures post_ln_without_warmup --first-seed $(HELD_OUT) \
@@ -112,16 +112,21 @@ bench-monitors-heldout: install
 # Deep Post-LN at width 512 (failures.GPU_FAILURES), needs CUDA: three runs a seed (failing, Pre-LN
 # and low-lr controls) of up to 5000 steps, all at once on one GPU, each saved in
 # benchmarks/results/monitors-wide/ as it finishes and printing its speed as it goes. Sized for a
-# short GPU loan: the default, 2 seeds from GPU_FIRST_SEED, is 6 runs (4 at once took about 75 ms
-# a step each on an H100 with every monitor, 6 minutes a run; 6 at once is not yet timed). Run it
-# again with the next GPU_FIRST_SEED (keeping the folder) to add seeds; GPU_FIRST_SEED=0
-# GPU_SEEDS=<all> then tables every saved seed without training. Not yet run to the end.
+# short GPU loan: the default, 2 seeds from GPU_FIRST_SEED, is 6 runs at once (not yet timed; 4 at
+# once took 6 minutes a run on an H100 with every monitor, 2 at once 4). Run it again with the
+# next GPU_FIRST_SEED (keeping the folder) to add seeds. `make bench-monitors-gpu-table` tables
+# whichever runs of seeds 0 to GPU_TABLE_SEEDS - 1 are saved, on any machine, training nothing.
 GPU_SEEDS ?= 2
 GPU_FIRST_SEED ?= 0
+GPU_TABLE_SEEDS ?= 100
+WIDE := --failures post_ln_without_warmup_wide --policies '' --runs benchmarks/results/monitors-wide
 bench-monitors-gpu: install
-	$(BIN)/python benchmarks/monitors.py --failures post_ln_without_warmup_wide --device cuda \
-		--seeds $(GPU_SEEDS) --first-seed $(GPU_FIRST_SEED) --workers $$((3 * $(GPU_SEEDS))) --threads 1 \
-		--policies '' --progress --runs benchmarks/results/monitors-wide --out benchmarks/results/monitors-wide.json
+	$(BIN)/python benchmarks/monitors.py $(WIDE) --device cuda --seeds $(GPU_SEEDS) --first-seed $(GPU_FIRST_SEED) \
+		--workers $$((3 * $(GPU_SEEDS))) --threads 1 --progress --out benchmarks/results/monitors-wide.json
+
+bench-monitors-gpu-table: install
+	$(BIN)/python benchmarks/monitors.py $(WIDE) --saved-only --seeds $(GPU_TABLE_SEEDS) \
+		--out benchmarks/results/monitors-wide.json
 
 # Issue 13's measurement bars: the same model screened with other token samples and sizes (~1.5 min).
 bench-stability: install

@@ -284,9 +284,11 @@ def compare(
     rows = []
     for failure in dict.fromkeys(r["failure"] for r in runs):
         mine = [r for r in runs if r["failure"] == failure]
-        controls = [r for r in mine if r["kind"] != "failing" and r["seed"] in held_out]
+        # a control that failed is no clean run: neither a false alarm nor a tuning run (failures.py)
+        clean = [r for r in mine if r["kind"] != "failing" and r["failed"] is None]
+        controls = [r for r in clean if r["seed"] in held_out]
         failing = [r for r in mine if r["kind"] == "failing" and r["seed"] in held_out]
-        spare = [r for r in mine if r["kind"] != "failing" and r["seed"] not in held_out]
+        spare = [r for r in clean if r["seed"] not in held_out]
         tune = [r for r in spare if tuning is None or r["seed"] in tuning]
         if not failing or (settings is None and not tune):
             continue
@@ -353,6 +355,16 @@ def failing_runs(runs: list[dict[str, Any]], held_out: set[int], rows: list[dict
                     "matched_detectors": {name: run["alarms"][key] for name, key in matched.items()},
                 })  # fmt: skip
     return sorted(table, key=lambda r: (r["failure"], r["seed"]))
+
+
+def failed_controls(runs: list[dict[str, Any]], held_out: set[int]) -> list[dict[str, Any]]:
+    """The held-out controls that failed themselves, left out of every false-alarm count, with the
+    step each failed at and rksp's first alarm (None: none)."""
+    return [
+        {k: r[k] for k in ("failure", "kind", "seed", "failed")} | {"rksp": r["alarms"][RKSP]}
+        for r in runs
+        if r["kind"] != "failing" and r["failed"] is not None and r["seed"] in held_out
+    ]
 
 
 def _step(step: int | str | None, missing: str = "none") -> str:
@@ -464,10 +476,13 @@ def main() -> None:
         f"{len(held_out)}",
         "rows": rows,
         "failing_runs": failing_runs(runs, args.held_out, rows),
+        "failed_controls": failed_controls(runs, args.held_out),
     }
     with atomic_path(args.out) as tmp:
         tmp.write_text(json.dumps(results, indent=1))
     print(markdown(rows), runs_markdown(results["failing_runs"]), sep="\n\n")
+    for r in results["failed_controls"]:
+        print(f"Not a clean control: {r['failure']} {r['kind']} seed {r['seed']} failed at step {r['failed']}.")
 
 
 if __name__ == "__main__":

@@ -17,9 +17,10 @@ a run saved under other monitor code (``monitor_code``: an alarm rule changed) i
 Writes benchmarks/results/monitors.json and prints Markdown.
 Run: python benchmarks/monitors.py [--failures a,b] [--seeds 6] [--first-seed 0] [--workers 2]
 [--threads N] [--policies skip,backoff,rollback] [--kinds failing,control,...] [--device cuda]
-[--progress] [--runs DIR]
+[--progress] [--runs DIR] [--saved-only]
 (``--failures post_ln_without_warmup_wide``, ``failures.GPU_FAILURES``, is sized for a GPU and
-not in the default list). With every failure
+not in the default list; ``--saved-only`` tables runs saved under ``--runs``, trained here or on
+another machine, without training any). With every failure
 and policy this is about 6.5 hours on 2 cores, two runs at a time (35 minutes for the two width-64
 failures, about 6 hours for deep Post-LN's 72 runs of up to 5000 steps); ``--policies ''`` watches
 without acting, about 2 hours. The alarm rules were chosen on seeds 0-53, all but the last two on 0-35;
@@ -38,8 +39,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import multiprocessing
 import os
 import statistics
+from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -112,7 +115,9 @@ class Runner:
         saved = {job: self.resumable(job, code) for job in jobs}
         todo = [job for job, run in saved.items() if run is None]
         print(f"{len(jobs) - len(todo)} of {len(jobs)} runs already done; {len(todo)} to go", flush=True)
-        with ProcessPoolExecutor(max_workers=self.workers) as pool:
+        # CUDA cannot be used in a forked child once the parent has touched it (the device check did)
+        context = multiprocessing.get_context("fork" if self.device == "cpu" else "spawn")
+        with ProcessPoolExecutor(max_workers=self.workers, mp_context=context) as pool:
             for done, path in enumerate(pool.map(self.one, todo), 1):
                 print(f"[{done}/{len(todo)}] {path.name}", flush=True)
         return [saved[job] or self.read(job) for job in jobs]
@@ -221,6 +226,12 @@ def main() -> None:
         help="run only the guarded runs, each paired with its saved unguarded twin whatever monitor code "
         "watched it (the pairing reads only its losses, which no monitor changes); no head-to-head table",
     )
+    parser.add_argument(
+        "--saved-only",
+        action="store_true",
+        help="train nothing: table the runs of these failures, seeds and kinds saved under --runs, whatever "
+        "monitor code watched them (the results count each code), e.g. runs trained on another machine",
+    )
     args = parser.parse_args()
     names = args.failures.split(",")
     if unknown := set(names) - set(KNOWN):
@@ -241,7 +252,14 @@ def main() -> None:
     cells = [(n, k, s) for n in names for s in seeds for k in KNOWN[n].kinds if k in kinds]
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.workers)
     runner = Runner(args.runs, args.workers, threads, args.device, args.progress)
-    if args.guarded_only:
+    if args.saved_only:
+        jobs = [(*c, p) for p in (None, *policies) for c in cells]
+        if not (saved := [job for job in jobs if runner.path(job).is_file()]):
+            parser.error(f"--saved-only: none of the {len(jobs)} runs asked for is saved under {args.runs}")
+        print(f"--saved-only: {len(saved)} of the {len(jobs)} runs asked for are saved; tabling those", flush=True)
+        runs = [runner.read(job) for job in saved if job[3] is None]
+        guarded = [runner.read(job) for job in saved if job[3] is not None]
+    elif args.guarded_only:
         if not policies:
             raise SystemExit("--guarded-only: name the policies to run (--policies)")
         if missing := [runner.path((*c, None)).name for c in cells if not runner.path((*c, None)).is_file()]:
@@ -249,17 +267,21 @@ def main() -> None:
                 f"--guarded-only: no saved unguarded run {missing[0]} under {args.runs}: run without it first"
             )
         runs = [runner.read((*c, None)) for c in cells]
+        guarded = runner.run_all([(*c, p) for p in policies for c in cells])
     else:
         runs = runner.run_all([(*c, None) for c in cells])
-    guarded = runner.run_all([(*c, p) for p in policies for c in cells]) if policies else []
+        guarded = runner.run_all([(*c, p) for p in policies for c in cells]) if policies else []
     rows = [] if args.guarded_only else head_to_head(runs)  # a twin's alarms may be another code's
     gpu = f", {torch.cuda.get_device_name(args.device)}" if args.device.startswith("cuda") else ""
+    trained = f"{cpu_model()}{gpu}, {threads} torch thread(s) per run, {args.workers} run(s) at a time"
     results = {
-        "machine": f"{cpu_model()}{gpu}, {threads} torch thread(s) per run, {args.workers} run(s) at a time",
+        # saved runs may have trained elsewhere: each run's notes name its device and threads
+        "machine": f"tabled on {cpu_model()} from saved runs" if args.saved_only else trained,
         "every": DEFAULT_EVERY,
-        "seeds": list(seeds),
+        "seeds": sorted({r.seed for r in runs + guarded}) if args.saved_only else list(seeds),
         "base": BASE,
         "failures": {n: asdict(KNOWN[n]) for n in names},
+        "monitor_codes": dict(Counter(r.monitor_code for r in runs + guarded)),
         "runs": [_summary(r) for r in runs],
         "head_to_head": rows,
         "actions": actions(runs, guarded),
@@ -268,6 +290,10 @@ def main() -> None:
         tmp.write_text(json.dumps(results, indent=1))
     if rows:
         print(markdown(rows))
+    for r in runs:
+        if r.kind != "failing" and r.failed_step is not None:
+            print(f"Not a clean control (no false alarm counted): {r.failure} {r.kind} seed {r.seed} failed at step "
+                  f"{r.failed_step}.")  # fmt: skip
     if results["actions"]:
         print("\n" + actions_markdown(results["actions"]))
 

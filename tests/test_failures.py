@@ -131,6 +131,45 @@ def test_head_to_head_counts_leads_before_the_failure_and_false_alarms_on_contro
     assert not megatron["rksp"] and megatron["alarmed"] == 2 and megatron["median_lead_steps"] == 0
 
 
+def test_head_to_head_counts_a_control_that_failed_apart_from_the_clean_ones():
+    runs = [
+        _run("failing", {"m": 100}, exploded=300),
+        _run("control", {}, None),
+        _run("control", {"m": 250}, exploded=300),  # the control itself exploded: its alarm is no false alarm
+    ]
+    m = {r["watcher"]: r for r in head_to_head(runs)}["m"]
+    assert (m["false_alarms"], m["controls"], m["controls_failed"]) == (0, 1, 1)
+    assert m["false_alarms_by_control"] == {"control": "0/1"}
+
+
+def test_the_benchmark_tables_saved_runs_without_training_and_refuses_when_none_is_saved(tmp_path, monkeypatch, capsys):
+    """``--saved-only`` tables runs trained elsewhere (a GPU machine's) whatever code fingerprint they
+    carry, and says how many of the runs asked for it found."""
+    import dataclasses
+    import importlib
+    import json
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    bench = importlib.import_module("benchmarks.monitors")
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    for kind, exploded in (("failing", 300), ("control", None)):
+        run = dataclasses.replace(_run(kind, {"m": 100}, exploded), failure="attention_logit_growth", monitor_code="x")
+        (runs / f"attention_logit_growth-{kind}-0.json").write_text(json.dumps(run.as_dict()))
+    common = ["monitors.py", "--failures", "attention_logit_growth", "--seeds", "2", "--policies=", "--saved-only"]
+    monkeypatch.setattr("sys.argv", [*common, "--runs", str(runs), "--out", str(tmp_path / "out.json")])
+    bench.main()
+    assert "2 of the 4 runs asked for are saved" in capsys.readouterr().out
+    results = json.loads((tmp_path / "out.json").read_text())
+    assert results["monitor_codes"] == {"x": 2} and len(results["runs"]) == 2
+    monkeypatch.setattr("sys.argv", [*common, "--runs", str(tmp_path / "none"), "--out", str(tmp_path / "no.json")])
+    with pytest.raises(SystemExit) as refused:
+        bench.main()
+    assert refused.value.code == 2 and "none of the 4 runs" in capsys.readouterr().err
+    assert not (tmp_path / "no.json").exists()
+
+
 def _guarded(policy: str, alarms: list[int], steps: int = 30, **kwargs):
     from rksp_cli.monitors.guard import Guard
 
@@ -345,6 +384,15 @@ def test_a_control_that_changes_the_architecture_has_one_that_keeps_it():
         FAILURES["attention_logit_growth"].spec("control_low_lr", 0)  # only where the control changes the norm
 
 
+def test_monitor_code_hashes_the_lines_of_code_not_the_syntax_tree():
+    """The text hashed is the code's own lines, so it is the same under every Python version (a
+    syntax tree's dump is not); a '#' inside a string is code, not a comment."""
+    from rksp_cli.monitors.failures import _code_lines
+
+    source = 'def f(x):\n    """Why."""\n\n    return x + 1  # because\n\n\nTAG = "#1"  # kept\n'
+    assert _code_lines(source) == 'def f(x):\n    return x + 1\nTAG = "#1"'
+
+
 def test_monitor_code_ignores_docstrings_and_comments_but_not_a_changed_rule(tmp_path):
     import shutil
     from pathlib import Path
@@ -362,6 +410,8 @@ def test_monitor_code_ignores_docstrings_and_comments_but_not_a_changed_rule(tmp
     reworded = source.replace('"""Attention-logit growth', '"""Reworded: attention-logit growth')
     assert reworded != source
     target.write_text(reworded + "# a comment\n")
+    assert monitor_code(copy) == before
+    target.write_text(reworded.replace("\n\n", "\n\n\n", 1))  # a blank line more
     assert monitor_code(copy) == before
     changed = source.replace("LEVEL, GROWTH, LAG = 150.0,", "LEVEL, GROWTH, LAG = 100.0,")
     assert changed != source

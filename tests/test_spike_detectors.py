@@ -121,6 +121,29 @@ def test_matched_comparison_tunes_and_judges_on_every_kind_of_control():
     assert rows[RKSP]["earlier_than_every_matched_detector"] == 1  # no detector left to beat
 
 
+def test_a_control_that_failed_is_neither_a_false_alarm_nor_a_tuning_run():
+    """A control that exploded (Pre-LN at deep Post-LN's lr, now and then) is no clean run: a detector
+    that fired on it found a real failure, so it neither counts as a false alarm held out nor pushes
+    the tuned setting up; the comparison lists it apart."""
+    from benchmarks.matched_detectors import RKSP, compare, failed_controls
+
+    olmo = OlmoSkipStep.name
+    runs = [
+        run("control", 0, failed=113, **{f"{olmo}#0": 113}),  # sigma 100 fires on a tuning control's explosion
+        run("control_low_lr", 0),
+        run("failing", 1, failed=1000, **{f"{olmo}#0": 400, RKSP: 600}),
+        run("control", 1),
+        run("control", 2, failed=4387, **{f"{olmo}#0": 475, RKSP: 4300}),  # held out, and failed
+    ]
+    rows = {r["watcher"]: r for r in compare(runs, held_out={1, 2})}
+    assert rows[olmo]["setting"] is not None and rows[olmo]["tuning_controls"] == 1  # counted, none would stay quiet
+    assert (rows[olmo]["false_alarms"], rows[olmo]["controls"]) == (0, 1)
+    assert (rows[RKSP]["false_alarms"], rows[RKSP]["controls"]) == (0, 1)
+    assert failed_controls(runs, held_out={1, 2}) == [
+        {"failure": "f", "kind": "control", "seed": 2, "failed": 4387, "rksp": 4300}
+    ]
+
+
 def test_matched_comparison_tunes_only_on_the_tuning_seeds():
     """Controls of seeds neither tuned on nor held out (saved from other checks) do not move the
     setting, so the table does not depend on which other runs happen to be saved."""
