@@ -18,7 +18,8 @@ after 90-95 (``MIN_HISTORY`` 16); the former rule replayed on 96-101, 102-107 an
 first seeds under the new one (``--baseline 16 --min-history 10``). Stated for 108-113, after
 low-precision seed 105's late alarm: the attention-logit rule at growth 2.5 against the 3 then
 shipped (``--baseline 3 --logit-growth 2.5``); shipped after 108-113 (``GROWTH`` 2.5), the former
-rule replayed on 114-119 (``--logit-growth 3``).
+rule replayed on 114-119 (``--logit-growth 3 --baseline 2.5``), where 2.5 drew a false alarm
+that 3 does not: 3 again from seeds 120 on.
 Run: python benchmarks/candidate_replay.py --seeds 90-95 (--min-history N | --logit-growth X)
 [--baseline VALUE] [--out FILE]
 """

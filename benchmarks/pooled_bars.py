@@ -45,6 +45,7 @@ SETS = [
     ("monitors-matched-96-101.json", None),  # the first set under the 16-check sub-layer rule
     ("monitors-matched-102-107.json", None),
     ("monitors-matched-108-113.json", None),
+    ("monitors-matched-114-119.json", None),  # the one set under attention_logits at growth 2.5
 ]
 SUBLAYER_FROM = 60  # the first seed watched by all of today's monitors (sublayer_ratio, the newest)
 DETECTOR_NAMES = {cls.name for cls in DETECTORS}

@@ -20,6 +20,7 @@ RESULTS = ROOT / "benchmarks" / "results"
     ("module", "printer", "results", "key"),
     [
         ("monitors", "markdown", "monitors.json", "head_to_head"),
+        ("monitors", "markdown", "monitors-wide.json", "head_to_head"),
         ("matched_detectors", "markdown", "monitors-matched.json", "rows"),
         ("matched_detectors", "markdown", "monitors-matched-48-53.json", "rows"),
         ("matched_detectors", "markdown", "monitors-matched-54-59.json", "rows"),
@@ -37,6 +38,9 @@ RESULTS = ROOT / "benchmarks" / "results"
         ("matched_detectors", "runs_markdown", "monitors-matched-102-107.json", "failing_runs"),
         ("matched_detectors", "markdown", "monitors-matched-108-113.json", "rows"),
         ("matched_detectors", "runs_markdown", "monitors-matched-108-113.json", "failing_runs"),
+        ("matched_detectors", "markdown", "monitors-matched-114-119.json", "rows"),
+        ("matched_detectors", "runs_markdown", "monitors-matched-114-119.json", "failing_runs"),
+        ("past_horizon", "markdown", "monitors-past-horizon-114-119.json", "rows"),
         ("past_horizon", "markdown", "monitors-past-horizon-78-83.json", "rows"),
         ("past_horizon", "markdown", "monitors-past-horizon-90-95.json", "rows"),
         ("monitors", "actions_markdown", "monitors-actions-fresh.json", "actions"),
@@ -60,13 +64,20 @@ def test_readme_table_is_the_benchmark_output(monkeypatch, module, printer, resu
     assert table in (ROOT / "README.md").read_text(), f"README lacks {results}'s table as the benchmark prints it"
 
 
-def test_readme_candidate_table_is_the_replay_s_output(monkeypatch):
-    """The judged sub-layer candidate's table, headed by the two rules its results record."""
+@pytest.mark.parametrize(
+    ("results", "knob", "rules"),
+    [
+        ("monitors-candidate-90-95.json", "min_history", "10 checks / 16 checks"),
+        ("monitors-candidate-logit-growth-114-119.json", "logit_growth", "growth 2.5 / growth 3"),
+    ],
+)
+def test_readme_candidate_table_is_the_replay_s_output(monkeypatch, results, knob, rules):
+    """A judged candidate's table, headed by the two rules its results record."""
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    results = json.loads((RESULTS / "monitors-candidate-90-95.json").read_text())
+    recorded = json.loads((RESULTS / results).read_text())
     replay = importlib.import_module("benchmarks.candidate_replay")
-    table = replay.markdown(results["rows"], replay.KNOBS["min_history"], **results["min_history"])
-    assert "10 checks / 16 checks" in table and table in (ROOT / "README.md").read_text()
+    table = replay.markdown(recorded["rows"], replay.KNOBS[knob], **recorded[knob])
+    assert rules in table and table in (ROOT / "README.md").read_text()
 
 
 @pytest.mark.parametrize("failure", sorted(FAILURES))
