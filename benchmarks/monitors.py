@@ -220,13 +220,14 @@ def main() -> None:
         help="which runs, comma-separated: failing, control, control_low_lr (deep Post-LN); "
         "default: every kind a failure has. Controls alone check false alarms on fresh seeds",
     )
-    parser.add_argument(
+    saved = parser.add_mutually_exclusive_group()
+    saved.add_argument(
         "--guarded-only",
         action="store_true",
         help="run only the guarded runs, each paired with its saved unguarded twin whatever monitor code "
         "watched it (the pairing reads only its losses, which no monitor changes); no head-to-head table",
     )
-    parser.add_argument(
+    saved.add_argument(
         "--saved-only",
         action="store_true",
         help="train nothing: table the runs of these failures, seeds and kinds saved under --runs, whatever "
@@ -290,10 +291,8 @@ def main() -> None:
         tmp.write_text(json.dumps(results, indent=1))
     if rows:
         print(markdown(rows))
-    for r in runs:
-        if r.kind != "failing" and r.failed_step is not None:
-            print(f"Not a clean control (no false alarm counted): {r.failure} {r.kind} seed {r.seed} failed at step "
-                  f"{r.failed_step}.")  # fmt: skip
+    for r in (r for r in runs if r.kind != "failing" and r.failed_step is not None):
+        print(f"Not a clean control (no false alarm counted): {r.failure} {r.kind} {r.seed} failed at {r.failed_step}.")
     if results["actions"]:
         print("\n" + actions_markdown(results["actions"]))
 
