@@ -54,6 +54,7 @@ RESULTS = ROOT / "benchmarks" / "results"
         ("monitors", "actions_markdown", "monitors-postln-actions-102-107.json", "actions"),
         ("monitors", "actions_markdown", "monitors-postln-control102-107-rollback.json", "actions"),
         ("monitors", "actions_markdown", "monitors-postln-actions-108-113.json", "actions"),
+        ("monitors", "actions_markdown", "monitors-postln-actions-114-119.json", "actions"),
     ],
 )
 def test_readme_table_is_the_benchmark_output(monkeypatch, module, printer, results, key):
