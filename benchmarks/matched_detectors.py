@@ -54,7 +54,7 @@ from rksp_cli.files import atomic_path, check_writable
 from rksp_cli.models.gpt import GPT
 from rksp_cli.monitors.attention_entropy import UpdateConcentration, find_attention, spectrum_widths
 from rksp_cli.monitors.attention_logits import GROWTH, PREFIX, growth_alarm
-from rksp_cli.monitors.failures import FAILURES, WatchedRun, by_kind, monitor_code
+from rksp_cli.monitors.failures import FAILURES, GPU_FAILURES, WatchedRun, by_kind, monitor_code
 from rksp_cli.monitors.r_metric import WEIGHTS, RMetric
 from rksp_cli.monitors.spectral_alignment import SignCollapse, activation_fed_layers
 from rksp_cli.monitors.spike_detectors import (
@@ -119,8 +119,8 @@ def r_metric_alarm(run: WatchedRun) -> int | None:
 
 @functools.cache
 def _model(failure: str, kind: str) -> GPT:
-    """The model of a failure's runs of one kind: its structure is every seed's."""
-    return GPT(FAILURES[failure].spec(kind, 0).model.gpt_config())
+    """The model of a failure's runs of one kind (the GPU-sized ones too): its structure is every seed's."""
+    return GPT({**FAILURES, **GPU_FAILURES}[failure].spec(kind, 0).model.gpt_config())
 
 
 @functools.cache

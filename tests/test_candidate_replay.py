@@ -64,10 +64,12 @@ def test_the_baseline_defaults_to_the_shipped_rule(candidate):
 
 def test_the_summary_counts_control_alarms_and_moved_failing_runs(candidate):
     """A control's early burst is the baseline's false alarm and not the candidate's; a failing run whose only
-    alarm was early loses it (moved, and its lead bar with it); one alarmed late keeps both."""
+    alarm was early loses it (moved, and its lead bar with it); one alarmed late keeps both. A control
+    that failed itself is no clean run: its burst counts as no false alarm."""
     history = candidate.KNOBS["min_history"]
     rows = [
         candidate.replay(run("control", 12), history, 16, 10),
+        candidate.replay(run("control", 12, failed_at=1400), history, 16, 10),
         candidate.replay(run("failing", 12, failed_at=1400), history, 16, 10),
         candidate.replay(run("failing", 20, failed_at=1400), history, 16, 10),
     ]
