@@ -39,6 +39,7 @@ from matched_detectors import (
     RUNS,
     attention_logits_alarm,
     bar_met,
+    clean_control,
     first_of,
     lead,
     monitor_alarms,
@@ -117,7 +118,7 @@ def replay(run: WatchedRun, knob: Knob, candidate: float, baseline: float | None
 def summary(rows: list[dict[str, Any]], knob: Knob) -> dict[str, Any]:
     """Controls' alarms and failing runs' lead bars under both rules, and the failing runs whose
     first rksp alarm the candidate moves from the baseline's."""
-    controls = [r for r in rows if r["kind"] != "failing" and r["failed"] is None]  # clean ones (failures.py)
+    controls = [r for r in rows if clean_control(r)]
     failed = [r for r in rows if r["kind"] == "failing" and r["failed"] is not None]
     out: dict[str, Any] = {"controls": len(controls), "failed": len(failed)}
     for rule in RULES:

@@ -215,6 +215,12 @@ def _replay(path: Path) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def clean_control(run: dict[str, Any]) -> bool:
+    """A replayed control that did not fail itself: the only kind an alarm is false on, and the only
+    kind a detector is tuned on (failures.py)."""
+    return run["kind"] != "failing" and run["failed"] is None
+
+
 def lead(failed: int | None, alarm: int | None) -> int | None:
     """Steps from a first alarm to the failure; None without a failure, or an alarm at or before it."""
     return failed - alarm if failed is not None and alarm is not None and alarm <= failed else None
@@ -284,8 +290,7 @@ def compare(
     rows = []
     for failure in dict.fromkeys(r["failure"] for r in runs):
         mine = [r for r in runs if r["failure"] == failure]
-        # a control that failed is no clean run: neither a false alarm nor a tuning run (failures.py)
-        clean = [r for r in mine if r["kind"] != "failing" and r["failed"] is None]
+        clean = [r for r in mine if clean_control(r)]
         controls = [r for r in clean if r["seed"] in held_out]
         failing = [r for r in mine if r["kind"] == "failing" and r["seed"] in held_out]
         spare = [r for r in clean if r["seed"] not in held_out]
@@ -363,7 +368,7 @@ def failed_controls(runs: list[dict[str, Any]], held_out: set[int]) -> list[dict
     return [
         {k: r[k] for k in ("failure", "kind", "seed", "failed")} | {"rksp": r["alarms"][RKSP]}
         for r in runs
-        if r["kind"] != "failing" and r["failed"] is not None and r["seed"] in held_out
+        if r["kind"] != "failing" and not clean_control(r) and r["seed"] in held_out
     ]
 
 
