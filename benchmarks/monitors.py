@@ -259,7 +259,8 @@ def main() -> None:
             parser.error(f"--saved-only: none of the {len(jobs)} runs asked for is saved under {args.runs}")
         print(f"--saved-only: {len(saved)} of the {len(jobs)} runs asked for are saved; tabling those", flush=True)
         runs = [runner.read(job) for job in saved if job[3] is None]
-        guarded = [runner.read(job) for job in saved if job[3] is not None]
+        # a guarded run is judged against its unguarded twin, so one saved without it is left out
+        guarded = [runner.read(job) for job in saved if job[3] is not None and (*job[:3], None) in saved]
     elif args.guarded_only:
         if not policies:
             raise SystemExit("--guarded-only: name the policies to run (--policies)")

@@ -163,6 +163,21 @@ def test_the_benchmark_tables_saved_runs_without_training_and_refuses_when_none_
     assert "2 of the 4 runs asked for are saved" in capsys.readouterr().out
     results = json.loads((tmp_path / "out.json").read_text())
     assert results["monitor_codes"] == {"x": 2} and len(results["runs"]) == 2
+    orphan = dataclasses.replace(_run("failing", {}, 300), failure="attention_logit_growth", seed=1, policy="rollback")
+    (runs / "attention_logit_growth-failing-1-rollback.json").write_text(json.dumps(orphan.as_dict()))
+    guarded = [
+        *common[:-2],
+        "--policies=rollback",
+        "--saved-only",
+        "--runs",
+        str(runs),
+        "--out",
+        str(tmp_path / "g.json"),
+    ]
+    monkeypatch.setattr("sys.argv", guarded)
+    bench.main()  # a guarded run without its unguarded twin is left out, not a KeyError
+    assert "3 of the 8 runs asked for are saved" in capsys.readouterr().out
+    assert json.loads((tmp_path / "g.json").read_text())["actions"] == []
     monkeypatch.setattr("sys.argv", [*common, "--runs", str(tmp_path / "none"), "--out", str(tmp_path / "no.json")])
     with pytest.raises(SystemExit) as refused:
         bench.main()
