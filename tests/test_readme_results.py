@@ -40,7 +40,10 @@ RESULTS = ROOT / "benchmarks" / "results"
         ("matched_detectors", "runs_markdown", "monitors-matched-108-113.json", "failing_runs"),
         ("matched_detectors", "markdown", "monitors-matched-114-119.json", "rows"),
         ("matched_detectors", "runs_markdown", "monitors-matched-114-119.json", "failing_runs"),
+        ("matched_detectors", "markdown", "monitors-matched-120-125.json", "rows"),
+        ("matched_detectors", "runs_markdown", "monitors-matched-120-125.json", "failing_runs"),
         ("past_horizon", "markdown", "monitors-past-horizon-114-119.json", "rows"),
+        ("past_horizon", "markdown", "monitors-past-horizon-120-125.json", "rows"),
         ("past_horizon", "markdown", "monitors-past-horizon-78-83.json", "rows"),
         ("past_horizon", "markdown", "monitors-past-horizon-90-95.json", "rows"),
         ("monitors", "actions_markdown", "monitors-actions-fresh.json", "actions"),
@@ -55,6 +58,7 @@ RESULTS = ROOT / "benchmarks" / "results"
         ("monitors", "actions_markdown", "monitors-postln-control102-107-rollback.json", "actions"),
         ("monitors", "actions_markdown", "monitors-postln-actions-108-113.json", "actions"),
         ("monitors", "actions_markdown", "monitors-postln-actions-114-119.json", "actions"),
+        ("monitors", "actions_markdown", "monitors-postln-actions-120-125.json", "actions"),
     ],
 )
 def test_readme_table_is_the_benchmark_output(monkeypatch, module, printer, results, key):
