@@ -152,11 +152,15 @@ def test_spectral_alignment_rescored_from_its_logged_metrics_gives_the_same_aler
     assert "alarm" in {level for *_, level in alerts} and again == alerts
 
 
-def test_delta2_entropy_matches_the_full_matrix_with_grouped_query_heads():
+@pytest.mark.parametrize("still_head", [None, 1])
+def test_delta2_entropy_matches_the_full_matrix_with_grouped_query_heads(still_head):
+    """``still_head``: a head whose W_Q did not move, so A = [0 | W_Q] and its Gram has no Cholesky."""
     torch.manual_seed(0)
     d, d_k, heads, kv = 24, 4, 4, 2
     q0, k0 = torch.randn(heads * d_k, d), torch.randn(kv * d_k, d)
     q1, k1 = q0 + 0.1 * torch.randn_like(q0), k0 + 0.1 * torch.randn_like(k0)
+    if still_head is not None:
+        q1[still_head * d_k : (still_head + 1) * d_k] = q0[still_head * d_k : (still_head + 1) * d_k]
     fast = delta2_entropy(q0, k0, q1, k1, heads, kv)
     for h in range(heads):
         g = h // (heads // kv)
