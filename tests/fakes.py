@@ -10,6 +10,10 @@ class AlarmsAt:
 
     def __init__(self, steps, every: int = 5):
         self.steps, self.every = set(steps), every
+        self.restores = 0  # how often a guard said it set the weights back
+
+    def restored(self):
+        self.restores += 1
 
     def step(self, step, loss=None):
         return [Alert(step, "fake", None, 1.0, 0.5, "alarm", "test")] if step in self.steps else []

@@ -228,6 +228,7 @@ def test_rollback_restores_the_older_snapshot_and_backs_off():
     assert torch.equal(history[23][1], snapshot_10)  # restored, and this step's update skipped
     assert history[23][2] == pytest.approx(0.05)
     assert guard.actions[0]["action"] == "rollback" and "step 10" in guard.actions[0]["what"]
+    assert guard.monitor.restores == 1  # told, so that no monitor measures change across the restore
 
 
 def test_optimizer_hook_runs_the_monitors_after_every_step_and_reports_metrics():

@@ -187,6 +187,27 @@ def test_attention_entropy_alarms_when_updates_turn_low_rank():
     assert "alarm" in set().union(*levels[30:])
 
 
+def test_attention_entropy_measures_no_update_across_a_restore():
+    """After a rollback the next QK update starts from the restored weights, and a streak of drops
+    counted before it is forgotten."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layers=1))
+    monitor = AttentionSpectralEntropy(find_attention(model), lag_checks=1)
+    qkv = model.blocks[0].attn.qkv.weight
+    u, v = torch.randn(qkv.shape[0], 1), torch.randn(1, qkv.shape[1])
+    streak = monitor.rule.alarms["blocks.0.attn"].persistence.runs
+    for check in range(40):  # rank-1 updates from check 30 on: drops, as in the test above
+        with torch.no_grad():
+            qkv += 1e-3 * (u @ v if check >= 30 else torch.randn_like(qkv))
+        monitor.check(check)
+        if streak.get("", 0):
+            break
+    assert streak[""] >= 1
+    monitor.restored()
+    assert not streak and not monitor.check(check + 1)[0]  # no update spans the restore
+    assert monitor.check(check + 2)[0]  # one check later the lag is whole again
+
+
 def scoring(drift: RobustDrift, z: float) -> float:
     """The value ``drift`` would score exactly ``z`` against its current history."""
     median = statistics.median(drift.history)

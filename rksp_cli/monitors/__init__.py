@@ -148,6 +148,13 @@ class Monitor:
         self._publish(step, loss_value, metrics, alerts)
         return alerts
 
+    def restored(self) -> None:
+        """Tell the monitors that measure change over several checks that the model's weights were
+        just set back to an earlier state (``Guard``'s rollback)."""
+        for m in self.monitors:
+            if hasattr(m, "restored"):
+                m.restored()
+
     def _arm(self, on: bool) -> None:
         for m in self.monitors:
             if hasattr(m, "sampler"):

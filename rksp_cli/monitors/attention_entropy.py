@@ -220,6 +220,16 @@ class AttentionSpectralEntropy:
         self.snapshots: deque[list[tuple[torch.Tensor, torch.Tensor]]] = deque(maxlen=lag_checks + 1)
         self.rule = UpdateConcentration(spectrum_widths(sites))
 
+    def restored(self) -> None:
+        """The weights were set back to an earlier state (a guard's rollback). A difference across
+        that is no training update: it is the whole stretch discarded, and on the failing runs of
+        seeds 121 and 123 its entropy, measured on the next 3 checks, set off a second rollback and
+        then, one check later, a third. So no QK update spans the restore, and no streak of drops
+        counted before it carries over; the history a drop is scored against stays."""
+        self.snapshots.clear()
+        for alarm in self.rule.alarms.values():
+            alarm.persistence.clear()
+
     def check(self, step: int, loss: float | None = None) -> tuple[dict[str, float], list[Alert]]:
         now = [tuple(w.detach().clone() for w in site.weights()) for site in self.sites]
         self.snapshots.append(now)

@@ -144,6 +144,10 @@ class Persistence:
         self.runs[key] = self.runs.get(key, 0) + 1 if breached else 0
         return self.runs[key] >= self.patience
 
+    def clear(self) -> None:
+        """Forget every streak: the checks they counted belong to a state the model has left."""
+        self.runs.clear()
+
 
 class DriftAlarm:
     """A signal scored against its own history: a warning at robust z >= ``z``, an alarm once that

@@ -21,7 +21,8 @@ Policies, each acting on every *alarm* (warnings never act):
   every ``snapshot_every`` steps, default 10 checks, so 10-20 checks before the alarm: a slow
   failure starts well before it is seen), and the lr is backed off as above, since replaying the
   same lr replays the failure. The loop's data stream goes on, so the batches in between are
-  skipped. Memory: two copies of the model's and the optimizer's state.
+  skipped. The monitors are told (``Monitor.restored``), so that none measures the jump back as
+  change. Memory: two copies of the model's and the optimizer's state.
 
 ``actions`` records what was done and when. Tested on the natural-failure benchmark
 (``benchmarks/monitors.py``), where the figures are.
@@ -95,6 +96,7 @@ class Guard:
                 taken, scale, model_state, optimizer_state = oldest
                 self.model.load_state_dict(model_state)
                 self.optimizer.load_state_dict(optimizer_state)  # its lrs are those of the snapshot's scale
+                self.monitor.restored()
                 for group in self.optimizer.param_groups:
                     group["lr"] *= self.scale / scale
                 self.snapshots.clear()  # the restored state is the next rollback's starting point
