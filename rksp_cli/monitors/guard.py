@@ -21,8 +21,9 @@ Policies, each acting on every *alarm* (warnings never act):
   every ``snapshot_every`` steps, default 10 checks, so 10-20 checks before the alarm: a slow
   failure starts well before it is seen), and the lr is backed off as above, since replaying the
   same lr replays the failure. The loop's data stream goes on, so the batches in between are
-  skipped. The monitors are told (``Monitor.restored``), so that none measures the jump back as
-  change. Memory: two copies of the model's and the optimizer's state.
+  skipped. The monitors are told (``Monitor.restored``), so that one measuring change over several
+  checks (``attention_entropy``) does not read the jump back as an update. Memory: two copies of
+  the model's and the optimizer's state.
 
 ``actions`` records what was done and when. Tested on the natural-failure benchmark
 (``benchmarks/monitors.py``), where the figures are.
