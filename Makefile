@@ -96,12 +96,12 @@ bench-monitors-matched: install
 	$(BIN)/python benchmarks/matched_detectors.py --held-out 42-47
 
 # Six fresh held-out seeds from HELD_OUT under today's code, end to end: deep Post-LN (18 runs,
-# about 85 minutes on 2 cores), width 64 (24 runs, about 10), the detectors at the settings tuned
+# about 80 minutes on 2 cores), width 64 (24 runs, about 6), the detectors at the settings tuned
 # on seeds 0-5 read from an earlier comparison (a replay), any failing run that had not failed by
 # its horizon trained on to 10,000 steps without monitors (about 19 minutes each, two at a time),
 # then the bars pooled over every held-out set.
 # Resumable: each run is saved as it finishes.
-HELD_OUT ?= 126
+HELD_OUT ?= 132
 HELD_OUT_SEEDS = $(HELD_OUT)-$(shell echo $$(($(HELD_OUT) + 5)))
 bench-monitors-heldout: install
 	$(BIN)/python benchmarks/monitors.py --failures post_ln_without_warmup --first-seed $(HELD_OUT) \

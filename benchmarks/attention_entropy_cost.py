@@ -12,14 +12,13 @@ Run: make bench-attention-entropy (or with DEVICE=cuda)
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import time
 
 import torch
 from machine import cpu_model
 
-from rksp_cli.monitors.attention_entropy import delta2_entropy
+from rksp_cli.monitors.attention_entropy import delta2_entropy, spectral_entropy
 
 LAYERS, REPEATS = 12, 7
 
@@ -35,9 +34,7 @@ def qr_svd_entropy(
 
     R_A = torch.linalg.qr(torch.cat([heads(q1 - q0), heads(q0)], dim=2)).R
     R_B = torch.linalg.qr(torch.cat([heads(k0), heads(k1 - k0)], dim=2)).R
-    s = torch.linalg.svdvals(R_A @ R_B.transpose(1, 2))
-    p = s / s.sum(dim=1, keepdim=True).clamp_min(1e-30)
-    return -(p * torch.log(p.clamp_min(1e-30))).sum(dim=1) / math.log(2 * d_k)
+    return spectral_entropy(torch.linalg.svdvals(R_A @ R_B.transpose(1, 2)))
 
 
 def layers(d: int, device: str) -> list[tuple[torch.Tensor, ...]]:

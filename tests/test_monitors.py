@@ -19,6 +19,7 @@ from rksp_cli.monitors.attention_entropy import (
     UpdateConcentration,
     delta2_entropy,
     find_attention,
+    spectral_entropy,
 )
 from rksp_cli.monitors.base import MAD_TO_SIGMA, DriftAlarm, RobustDrift
 from rksp_cli.monitors.faults import FaultJob, run_fault
@@ -170,6 +171,14 @@ def test_delta2_entropy_matches_the_full_matrix_with_grouped_query_heads(still_h
         p = s / s.sum()
         tol = entropy_tolerance(s, d, torch.finfo(torch.float32).eps)  # float32 weights, as in training
         assert fast[h] == pytest.approx(float(-(p * p.log()).sum() / math.log(2 * d_k)), abs=tol)
+
+
+def test_spectral_entropy_spans_zero_to_one_and_survives_a_still_head():
+    """Spread evenly over all directions is 1, confined to one is 0; a head with no update at all
+    (every singular value 0) reads 0, not NaN, in float32 and float64 alike."""
+    for dtype in (torch.float32, torch.float64):
+        s = torch.tensor([[2.0, 2.0, 2.0, 2.0], [3.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]], dtype=dtype)
+        assert spectral_entropy(s).tolist() == pytest.approx([1.0, 0.0, 0.0], abs=4 * torch.finfo(dtype).eps)
 
 
 def test_attention_entropy_alarms_when_updates_turn_low_rank():

@@ -152,8 +152,9 @@ def delta2_entropy(
     def heads(w: torch.Tensor, n: int) -> torch.Tensor:  # (n, d, d_k)
         return w.double().reshape(n, d_k, -1).transpose(1, 2)
 
-    A = torch.cat([heads(q1, n_heads) - heads(q0, n_heads), heads(q0, n_heads)], dim=2)
-    B = torch.cat([heads(k0, n_kv), heads(k1, n_kv) - heads(k0, n_kv)], dim=2)
+    Q0, K0 = heads(q0, n_heads), heads(k0, n_kv)
+    A = torch.cat([heads(q1, n_heads) - Q0, Q0], dim=2)
+    B = torch.cat([K0, heads(k1, n_kv) - K0], dim=2)
     # cuSOLVER loops over a batch of eigenproblems larger than 32 x 32 one matrix at a time
     G_A = (A.mT @ A).cpu()
     G_B = (B.mT @ B).cpu().repeat_interleave(n_heads // n_kv, dim=0)
@@ -161,9 +162,13 @@ def delta2_entropy(
     if bool((singular := info > 0).any()):  # a head whose W_Q did not move: any square root will do
         lam, V = torch.linalg.eigh(G_A[singular])
         L[singular] = V * lam.clamp_min(0).sqrt().unsqueeze(1)
-    s = torch.linalg.eigvalsh(L.mT @ G_B @ L).clamp_min(0).sqrt()
-    p = s / s.sum(dim=1, keepdim=True).clamp_min(1e-300)
-    return (-(p * torch.log(p.clamp_min(1e-300))).sum(dim=1) / math.log(2 * d_k)).float()
+    return spectral_entropy(torch.linalg.eigvalsh(L.mT @ G_B @ L).clamp_min(0).sqrt()).float()
+
+
+def spectral_entropy(s: torch.Tensor) -> torch.Tensor:
+    """Each row's -sum p ln p / ln(n), p = s / sum(s): 1 for n equal singular values, 0 for one."""
+    p = s / s.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(s.dtype).tiny)
+    return -torch.special.xlogy(p, p).sum(dim=-1) / math.log(s.shape[-1])
 
 
 def spectrum_widths(sites: Iterable[QKSite]) -> dict[str, int]:
