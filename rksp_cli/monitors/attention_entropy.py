@@ -44,8 +44,9 @@ Memory: one copy of every layer's W_Q and W_K per check in the window. Why Grams
 and SVD of earlier releases (issue 16): at width 512 on an H100 those cost 25-118% of a training
 step. Matrix products are what a GPU does fast; small factorisations are not (cuSOLVER works
 through a batch of eigenproblems larger than 32 x 32 one matrix at a time, pytorch/pytorch#175585),
-and on the host they cost little. On one CPU core the Grams cost 1.0-1.2x less at width 512 and
-1.4x less at 128 (README); the values agree to float32 round-off (tests). Not yet timed on a GPU.
+and on the host they cost little. On one CPU core the Grams cost about the same as the QRs at width
+512 (0.98-1.22x over nine runs) and 1.4x less at 128 (README); the values agree to float32
+round-off (tests). Not yet timed on a GPU.
 """
 
 from __future__ import annotations
