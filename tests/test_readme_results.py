@@ -44,6 +44,8 @@ RESULTS = ROOT / "benchmarks" / "results"
         ("matched_detectors", "runs_markdown", "monitors-matched-120-125.json", "failing_runs"),
         ("matched_detectors", "markdown", "monitors-matched-126-131.json", "rows"),
         ("matched_detectors", "runs_markdown", "monitors-matched-126-131.json", "failing_runs"),
+        ("matched_detectors", "markdown", "monitors-matched-132-137.json", "rows"),
+        ("matched_detectors", "runs_markdown", "monitors-matched-132-137.json", "failing_runs"),
         ("past_horizon", "markdown", "monitors-past-horizon-114-119.json", "rows"),
         ("past_horizon", "markdown", "monitors-past-horizon-120-125.json", "rows"),
         ("past_horizon", "markdown", "monitors-past-horizon-126-131.json", "rows"),
@@ -63,6 +65,7 @@ RESULTS = ROOT / "benchmarks" / "results"
         ("monitors", "actions_markdown", "monitors-postln-actions-114-119.json", "actions"),
         ("monitors", "actions_markdown", "monitors-postln-actions-120-125.json", "actions"),
         ("monitors", "actions_markdown", "monitors-postln-actions-126-131.json", "actions"),
+        ("monitors", "actions_markdown", "monitors-postln-actions-132-137.json", "actions"),
     ],
 )
 def test_readme_table_is_the_benchmark_output(monkeypatch, module, printer, results, key):
