@@ -49,6 +49,7 @@ SETS = [
     ("monitors-matched-120-125.json", None),  # growth 3 again; failed controls counted apart
     ("monitors-matched-126-131.json", None),  # attention_entropy by Gram matrices; restores told
     ("monitors-matched-132-137.json", None),  # spectral_entropy shared, the same values; Intel Xeon
+    ("monitors-matched-138-143.json", None),
 ]
 SUBLAYER_FROM = 60  # the first seed watched by all of today's monitors (sublayer_ratio, the newest)
 DETECTOR_NAMES = {cls.name for cls in DETECTORS}

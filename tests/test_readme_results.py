@@ -46,6 +46,8 @@ RESULTS = ROOT / "benchmarks" / "results"
         ("matched_detectors", "runs_markdown", "monitors-matched-126-131.json", "failing_runs"),
         ("matched_detectors", "markdown", "monitors-matched-132-137.json", "rows"),
         ("matched_detectors", "runs_markdown", "monitors-matched-132-137.json", "failing_runs"),
+        ("matched_detectors", "markdown", "monitors-matched-138-143.json", "rows"),
+        ("matched_detectors", "runs_markdown", "monitors-matched-138-143.json", "failing_runs"),
         ("past_horizon", "markdown", "monitors-past-horizon-114-119.json", "rows"),
         ("past_horizon", "markdown", "monitors-past-horizon-120-125.json", "rows"),
         ("past_horizon", "markdown", "monitors-past-horizon-126-131.json", "rows"),
