@@ -68,6 +68,7 @@ RESULTS = ROOT / "benchmarks" / "results"
         ("monitors", "actions_markdown", "monitors-postln-actions-120-125.json", "actions"),
         ("monitors", "actions_markdown", "monitors-postln-actions-126-131.json", "actions"),
         ("monitors", "actions_markdown", "monitors-postln-actions-132-137.json", "actions"),
+        ("monitors", "actions_markdown", "monitors-postln-actions-138-143.json", "actions"),
     ],
 )
 def test_readme_table_is_the_benchmark_output(monkeypatch, module, printer, results, key):
