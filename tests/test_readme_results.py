@@ -51,11 +51,14 @@ HELD_OUT = ROOT / "benchmarks" / "monitors-heldout.md"  # every held-out set, as
         ("matched_detectors", "runs_markdown", "monitors-matched-132-137.json", "failing_runs", HELD_OUT),
         ("matched_detectors", "markdown", "monitors-matched-138-143.json", "rows", HELD_OUT),
         ("matched_detectors", "runs_markdown", "monitors-matched-138-143.json", "failing_runs", HELD_OUT),
+        ("matched_detectors", "markdown", "monitors-matched-144-149.json", "rows", HELD_OUT),
+        ("matched_detectors", "runs_markdown", "monitors-matched-144-149.json", "failing_runs", HELD_OUT),
         ("past_horizon", "markdown", "monitors-past-horizon-114-119.json", "rows", HELD_OUT),
         ("past_horizon", "markdown", "monitors-past-horizon-120-125.json", "rows", HELD_OUT),
         ("past_horizon", "markdown", "monitors-past-horizon-126-131.json", "rows", HELD_OUT),
         ("past_horizon", "markdown", "monitors-past-horizon-78-83.json", "rows", HELD_OUT),
         ("past_horizon", "markdown", "monitors-past-horizon-90-95.json", "rows", HELD_OUT),
+        ("past_horizon", "markdown", "monitors-past-horizon-144-149.json", "rows", HELD_OUT),
         ("monitors", "actions_markdown", "monitors-actions-fresh.json", "actions", README),
         ("monitors", "actions_markdown", "monitors-postln-actions-78-83.json", "actions", README),
         ("monitors", "actions_markdown", "monitors-postln-control78-rollback.json", "actions", README),
@@ -72,6 +75,7 @@ HELD_OUT = ROOT / "benchmarks" / "monitors-heldout.md"  # every held-out set, as
         ("monitors", "actions_markdown", "monitors-postln-actions-126-131.json", "actions", HELD_OUT),
         ("monitors", "actions_markdown", "monitors-postln-actions-132-137.json", "actions", HELD_OUT),
         ("monitors", "actions_markdown", "monitors-postln-actions-138-143.json", "actions", HELD_OUT),
+        ("monitors", "actions_markdown", "monitors-postln-actions-144-149.json", "actions", HELD_OUT),
     ],
 )
 def test_readme_table_is_the_benchmark_output(monkeypatch, module, printer, results, key, doc):
