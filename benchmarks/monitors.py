@@ -16,8 +16,8 @@ Each run is saved as JSON under benchmarks/results/monitors/ as it finishes, so 
 a run saved under other monitor code (``monitor_code``: an alarm rule changed) is run again.
 Writes benchmarks/results/monitors.json and prints Markdown.
 Run: python benchmarks/monitors.py [--failures a,b] [--seeds 6] [--first-seed 0] [--workers 2]
-[--threads N] [--policies skip,backoff,rollback] [--kinds failing,control,...] [--device cuda]
-[--progress] [--runs DIR] [--saved-only]
+[--threads N] [--policies skip,backoff,rollback,rollback-once] [--kinds failing,control,...]
+[--seed-list 133,135] [--device cuda] [--progress] [--runs DIR] [--saved-only]
 (``--failures post_ln_without_warmup_wide``, ``failures.GPU_FAILURES``, is sized for a GPU and
 not in the default list; ``--saved-only`` tables runs saved under ``--runs``, trained here or on
 another machine, without training any). With every failure
@@ -30,8 +30,10 @@ sub-layer rule scored from 10 checks of history, today's from 16 (seeds 96 on; w
 which rule, and every held-out check: benchmarks/monitors-log.md). ``make
 bench-monitors`` runs ``--first-seed 42 --policies ''``, every failure under today's code
 (benchmarks/results/monitors.json, the README's table), then the three policies on its width-64
-runs. The spike detectors at matched false alarms (tuned on these runs' controls):
-``benchmarks/matched_detectors.py``.
+runs. ``rollback-once`` is rollback that acts on the first alarm only (``Guard(max_actions=1)``;
+later alarms are recorded as ``ignored``): run on the failing runs that rolled back twice, it
+tells whether the second rollback was needed. The spike detectors at matched false alarms (tuned
+on these runs' controls): ``benchmarks/matched_detectors.py``.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ import os
 import statistics
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +76,8 @@ RESULTS = HERE / "monitors.json"
 
 Job = tuple[str, str, int, str | None]  # failure, kind, seed, policy
 KNOWN = {**FAILURES, **GPU_FAILURES}
+# benchmark-only policies: a guard policy with a cap on the alarms it acts on (``Guard.max_actions``)
+CAPPED = {"rollback-once": ("rollback", 1)}
 
 
 @dataclass(frozen=True)
@@ -103,7 +107,9 @@ class Runner:
         torch.set_num_threads(self.threads)
         if self.progress:  # named by run: the workers share one terminal
             logging.basicConfig(format=f"  {self.path(job).stem}: %(message)s", level=logging.INFO, force=True)
-        run = watch_run(KNOWN[name], kind, seed, every=DEFAULT_EVERY, policy=policy, device=self.device)
+        guard, cap = CAPPED.get(policy or "", (policy, None))
+        run = watch_run(KNOWN[name], kind, seed, DEFAULT_EVERY, guard, self.device, max_actions=cap)
+        run = replace(run, policy=policy)  # the label, so that capped and uncapped runs table apart
         run.notes.append(f"{self.threads} torch thread(s)")
         with atomic_path(self.path(job)) as tmp:
             tmp.write_text(json.dumps(run.as_dict()))
@@ -140,7 +146,7 @@ def actions(watched: list[WatchedRun], guarded: list[WatchedRun]) -> list[dict[s
             "failed_guarded": sum(g.ended_failed for _, g in failing),
             "failing_final_loss": statistics.median(g.final_loss for _, g in failing) if failing else None,
             "control_final_loss": statistics.median(p.final_loss for p, _ in controls) if controls else None,
-            "controls": len(controls), "controls_acted_on": sum(bool(g.actions) for _, g in controls),
+            "controls": len(controls), "controls_acted_on": sum(_acted(g) for _, g in controls),
             "control_final_loss_shift_max": max(shifts, key=abs) if shifts else None,
             # the seed-to-seed spread within each kind of control (Pre-LN and Post-LN end apart)
             "control_final_loss_sd": {
@@ -150,6 +156,31 @@ def actions(watched: list[WatchedRun], guarded: list[WatchedRun]) -> list[dict[s
             },
         })  # fmt: skip
     return rows
+
+
+def _acted(run: WatchedRun) -> bool:
+    return any(a["action"] != "ignored" for a in run.actions)
+
+
+def guarded_runs(watched: list[WatchedRun], guarded: list[WatchedRun]) -> list[dict[str, Any]]:
+    """Run by run, the guarded failing runs: when the unguarded twin failed, which alarms the guard
+    acted on and which it ignored (past ``max_actions``), and how the guarded run ended."""
+    plain = {(r.failure, r.kind, r.seed): r for r in watched}
+    return [
+        {
+            "failure": g.failure,
+            "seed": g.seed,
+            "policy": g.policy,
+            "failed_unguarded": plain[(g.failure, g.kind, g.seed)].failed_step,
+            "acted": sorted({a["step"] for a in g.actions if a["action"] != "ignored"}),
+            "ignored": sorted({a["step"] for a in g.actions if a["action"] == "ignored"}),
+            "final_loss": g.final_loss,
+            "exploded_step": g.exploded_step,
+            "ended_failed": g.ended_failed,
+        }
+        for g in guarded
+        if g.kind == "failing"
+    ]
 
 
 def _summary(run: WatchedRun) -> dict[str, Any]:
@@ -194,12 +225,31 @@ def actions_markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def guarded_runs_markdown(rows: list[dict[str, Any]]) -> str:
+    steps = ", ".join
+    lines = [
+        "| seed | policy | failed unguarded | acted at | alarms ignored at | final loss | ended failed |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        ended = f"exploded at {r['exploded_step']}" if r["exploded_step"] is not None else "yes"
+        lines.append(
+            f"| {r['seed']} | {r['policy']} | {_cell(r['failed_unguarded'], 'd')} "
+            f"| {steps(map(str, r['acted'])) or '-'} | {steps(map(str, r['ignored'])) or '-'} "
+            f"| {r['final_loss']:.2f} | {ended if r['ended_failed'] else 'no'} |"
+        )
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--failures", default=",".join(FAILURES), help="comma-separated names")
     parser.add_argument("--seeds", type=int, default=6, help="failing runs and controls per failure")
     parser.add_argument(
         "--first-seed", type=int, default=0, help="seeds first-seed.. (the alarm rules were chosen on 0-59)"
+    )
+    parser.add_argument(
+        "--seed-list", default="", help="comma-separated seeds, instead of --first-seed and --seeds (e.g. 133,135)"
     )
     parser.add_argument("--out", type=Path, default=RESULTS, help="results JSON")
     parser.add_argument("--runs", type=Path, default=RUNS, help="folder of the saved runs (resumed from)")
@@ -213,7 +263,11 @@ def main() -> None:
     parser.add_argument(
         "--progress", action="store_true", help="each run prints its step, loss and time a step 20 times"
     )
-    parser.add_argument("--policies", default=",".join(POLICIES), help="guard policies to measure; '' for none")
+    parser.add_argument(
+        "--policies",
+        default=",".join(POLICIES),
+        help=f"guard policies to measure, from {', '.join((*POLICIES, *CAPPED))}; '' for none",
+    )
     parser.add_argument(
         "--kinds",
         default="",
@@ -242,9 +296,12 @@ def main() -> None:
     except InputError as error:
         raise SystemExit(str(error)) from None
     policies = [p for p in args.policies.split(",") if p]
-    if unknown := set(policies) - set(POLICIES):
-        raise SystemExit(f"--policies: unknown {sorted(unknown)}; choose from {', '.join(POLICIES)}")
-    seeds = range(args.first_seed, args.first_seed + args.seeds)
+    if unknown := set(policies) - {*POLICIES, *CAPPED}:
+        raise SystemExit(f"--policies: unknown {sorted(unknown)}; choose from {', '.join((*POLICIES, *CAPPED))}")
+    try:
+        seeds = [int(s) for s in args.seed_list.split(",") if s] or range(args.first_seed, args.first_seed + args.seeds)
+    except ValueError:
+        raise SystemExit(f"--seed-list: expected comma-separated whole numbers, got {args.seed_list!r}") from None
     known = {k for n in names for k in KNOWN[n].kinds}
     kinds = [k for k in args.kinds.split(",") if k] or sorted(known)
     if unknown := set(kinds) - known:
@@ -287,6 +344,7 @@ def main() -> None:
         "runs": [_summary(r) for r in runs],
         "head_to_head": rows,
         "actions": actions(runs, guarded),
+        "guarded_runs": guarded_runs(runs, guarded),
     }
     with atomic_path(args.out) as tmp:
         tmp.write_text(json.dumps(results, indent=1))
@@ -296,6 +354,8 @@ def main() -> None:
         print(f"Not a clean control (no false alarm counted): {r.failure} {r.kind} {r.seed} failed at {r.failed_step}.")
     if results["actions"]:
         print("\n" + actions_markdown(results["actions"]))
+    if results["guarded_runs"]:
+        print("\n" + guarded_runs_markdown(results["guarded_runs"]))
 
 
 if __name__ == "__main__":

@@ -65,18 +65,19 @@ class MonitorCallback(TrainerCallback):
     ``attach_monitor``, which puts this callback ahead of the reporting ones.
 
     ``policy`` (``rksp_cli.monitors.guard.POLICIES``) acts on alarms through a ``Guard`` on the
-    Trainer's optimizer and lr scheduler (``actions`` lists what it did). A callback cannot skip
-    the Trainer's optimizer step, so where the guard skips, the gradients are zeroed instead: Adam
-    then moves by its momentum alone, an approximation of a skip.
+    Trainer's optimizer and lr scheduler, on at most ``max_actions`` of them (``actions`` lists
+    what it did). A callback cannot skip the Trainer's optimizer step, so where the guard skips,
+    the gradients are zeroed instead: Adam then moves by its momentum alone, an approximation of a
+    skip.
     """
 
-    def __init__(self, model: Any, policy: str | None = None, **settings: Any):
+    def __init__(self, model: Any, policy: str | None = None, max_actions: int | None = None, **settings: Any):
         from rksp_cli.monitors import Monitor
         from rksp_cli.monitors.guard import check_policy
 
         check_policy(policy)
         self.monitor = Monitor(model, **settings)
-        self.model, self.policy, self.guard = model, policy, None
+        self.model, self.policy, self.max_actions, self.guard = model, policy, max_actions, None
         self.alerts: list = []
         self._loss: float | None = None
         self._latest: dict[str, float] = {}
@@ -96,7 +97,8 @@ class MonitorCallback(TrainerCallback):
             from rksp_cli.monitors.guard import Guard
 
             optimizer, scheduler = kwargs["optimizer"], kwargs.get("lr_scheduler")
-            self.guard = Guard(self.model, optimizer, self.policy, scheduler, self.monitor)
+            cap = self.max_actions
+            self.guard = Guard(self.model, optimizer, self.policy, scheduler, self.monitor, max_actions=cap)
         raised = (self.guard or self.monitor).step(state.global_step, loss=self._loss)
         self.alerts += raised
         if self.guard is not None and self.guard.skip_update:

@@ -178,6 +178,19 @@ def test_the_benchmark_tables_saved_runs_without_training_and_refuses_when_none_
     bench.main()  # a guarded run without its unguarded twin is left out, not a KeyError
     assert "3 of the 8 runs asked for are saved" in capsys.readouterr().out
     assert json.loads((tmp_path / "g.json").read_text())["actions"] == []
+    capped = dataclasses.replace(_run("failing", {}, None), failure="attention_logit_growth", policy="rollback-once")
+    capped.actions = [
+        {"step": 100, "action": "rollback", "what": "", "by": ["m"], "lr_scale": 0.5},
+        {"step": 100, "action": "backoff", "what": "", "by": ["m"], "lr_scale": 0.5},
+        {"step": 250, "action": "ignored", "what": "", "by": ["m"], "lr_scale": 0.5},
+    ]
+    (runs / "attention_logit_growth-failing-0-rollback-once.json").write_text(json.dumps(capped.as_dict()))
+    once = [*common[:-2], "--policies=rollback-once", "--saved-only", "--runs", str(runs)]
+    monkeypatch.setattr("sys.argv", [*once, "--out", str(tmp_path / "c.json")])
+    bench.main()
+    row = json.loads((tmp_path / "c.json").read_text())["guarded_runs"][0]
+    assert (row["seed"], row["failed_unguarded"], row["acted"], row["ignored"]) == (0, 300, [100], [250])
+    assert "| 0 | rollback-once | 300 | 100 | 250 |" in capsys.readouterr().out
     monkeypatch.setattr("sys.argv", [*common, "--runs", str(tmp_path / "none"), "--out", str(tmp_path / "no.json")])
     with pytest.raises(SystemExit) as refused:
         bench.main()
@@ -229,6 +242,19 @@ def test_rollback_restores_the_older_snapshot_and_backs_off():
     assert history[23][2] == pytest.approx(0.05)
     assert guard.actions[0]["action"] == "rollback" and "step 10" in guard.actions[0]["what"]
     assert guard.monitor.restores == 1  # told, so that no monitor measures change across the restore
+
+
+def test_max_actions_acts_on_the_first_alarms_only_and_records_the_rest():
+    capped, history = _guarded("rollback", [15, 23, 27], snapshot_every=5, max_actions=1)
+    uncapped, twin = _guarded("rollback", [15, 23, 27], snapshot_every=5)
+    assert [(a["step"], a["action"]) for a in capped.actions] == [
+        (15, "rollback"), (15, "backoff"), (23, "ignored"), (27, "ignored"),
+    ]  # fmt: skip
+    assert capped.exhausted and not uncapped.exhausted and capped.monitor.restores == 1
+    assert all(torch.equal(h[1], t[1]) for h, t in zip(history[:23], twin[:23], strict=True))  # same until the cap
+    assert not torch.equal(history[-1][1], twin[-1][1]) and history[-1][2] == pytest.approx(0.05)
+    with pytest.raises(ValueError, match="max_actions"):
+        _guarded("skip", [], max_actions=0)
 
 
 def test_optimizer_hook_runs_the_monitors_after_every_step_and_reports_metrics():
@@ -338,17 +364,17 @@ def test_growth_alarm_fires_over_a_history_that_held_zeros():
     assert fired[:3] == [None] * 3 and "infx" in fired[3].reason
 
 
-def test_lightning_callback_backs_off_the_lr_through_the_trainer_s_scheduler(tmp_path, monkeypatch):
+def test_lightning_callback_backs_off_the_lr_through_the_trainer_s_scheduler_up_to_its_cap(tmp_path, monkeypatch):
     from rksp_cli.monitors import Monitor
     from rksp_cli.monitors.lightning import RkspMonitor
 
     real = Monitor.step
     monkeypatch.setattr(Monitor, "step", lambda self, step, loss=None: real(self, step, loss) + (
-        [Alert(step, "fake", None, 1.0, 0.5, "alarm", "test")] if step == 2 else []))  # fmt: skip
-    callback = RkspMonitor(every=1, policy="backoff")
+        [Alert(step, "fake", None, 1.0, 0.5, "alarm", "test")] if step in (2, 3) else []))  # fmt: skip
+    callback = RkspMonitor(every=1, policy="backoff", max_actions=1)
     Module, loader, trainer = _lightning(tmp_path, [callback], scheduled=True)
     trainer.fit(Module(), loader)
-    assert [a["action"] for a in callback.actions] == ["backoff"] and callback.actions[0]["step"] == 2
+    assert [(a["step"], a["action"]) for a in callback.actions] == [(2, "backoff"), (3, "ignored")]
     assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(5e-4)  # the scheduler kept the cut
     with pytest.raises(ValueError, match="policy"):
         RkspMonitor(policy="panic")

@@ -508,7 +508,7 @@ def test_trainer_callback_logs_monitor_metrics(tmp_path):
     assert callback.monitor.names == [*GPT_MONITORS, "r_metric"]  # a causal LM: its vocabulary head is found
 
 
-def test_trainer_callback_backs_off_the_lr_through_the_trainer_s_scheduler(tmp_path, monkeypatch):
+def test_trainer_callback_backs_off_the_lr_through_the_trainer_s_scheduler_up_to_its_cap(tmp_path, monkeypatch):
     from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
 
     from rksp_cli.hf_trainer import attach_monitor
@@ -516,7 +516,7 @@ def test_trainer_callback_backs_off_the_lr_through_the_trainer_s_scheduler(tmp_p
 
     real = Monitor.step
     monkeypatch.setattr(Monitor, "step", lambda self, step, loss=None: real(self, step, loss) + (
-        [Alert(step, "fake", None, 1.0, 0.5, "alarm", "test")] if step == 1 else []))  # fmt: skip
+        [Alert(step, "fake", None, 1.0, 0.5, "alarm", "test")] if step in (1, 2) else []))  # fmt: skip
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(hf_config("llama"))
     ids = torch.randint(0, 96, (16, 32), generator=torch.Generator().manual_seed(0))
@@ -525,9 +525,9 @@ def test_trainer_callback_backs_off_the_lr_through_the_trainer_s_scheduler(tmp_p
         lr_scheduler_type="constant", save_strategy="no", use_cpu=True, seed=0,
     )  # fmt: skip
     trainer = Trainer(model=model, args=args, train_dataset=[{"input_ids": r, "labels": r} for r in ids])
-    callback = attach_monitor(trainer, every=1, policy="backoff")
+    callback = attach_monitor(trainer, every=1, policy="backoff", max_actions=1)
     trainer.train()
-    assert [(a["step"], a["action"]) for a in callback.actions] == [(1, "backoff")]
+    assert [(a["step"], a["action"]) for a in callback.actions] == [(1, "backoff"), (2, "ignored")]
     assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(5e-4)  # the constant schedule kept the cut
 
 

@@ -275,9 +275,11 @@ def watch_run(
     every: int = DEFAULT_EVERY,
     policy: str | None = None,
     device: str = "cpu",
+    max_actions: int | None = None,
 ) -> WatchedRun:
     """Train one failing or control run of ``failure`` on ``device`` with every monitor checking
-    each ``every`` steps; with ``policy`` (``guard.POLICIES``) their alarms also act on the run."""
+    each ``every`` steps; with ``policy`` (``guard.POLICIES``) their alarms also act on the run, at
+    most ``max_actions`` of them (``Guard``)."""
     spec = failure.spec(kind, seed)
     made: dict[str, Any] = {}
 
@@ -287,7 +289,8 @@ def watch_run(
                 if isinstance(m, CausalSelfAttention):
                     m.forward = low_precision_attention(m, failure.low_precision_bits)
         monitor = Monitor(model, every=every, seed=seed, log=log)
-        made["monitor"] = monitor if policy is None else Guard(model, optimizer, policy, schedule, monitor)
+        guard = None if policy is None else Guard(model, optimizer, policy, schedule, monitor, max_actions=max_actions)
+        made["monitor"] = monitor if guard is None else guard
         return made["monitor"]
 
     t0 = time.perf_counter()

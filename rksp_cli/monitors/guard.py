@@ -25,6 +25,12 @@ Policies, each acting on every *alarm* (warnings never act):
   checks (``attention_entropy``) does not read the jump back as an update. Memory: two copies of
   the model's and the optimizer's state.
 
+``max_actions`` caps how many alarms act (default: no cap). Past it, an alarm is recorded as
+``ignored`` and the run goes on as it is (``exhausted`` tells a loop that wants to stop instead):
+a run that keeps alarming after its remedies needs a person more than a fourth lr cut. With a cap
+of 1 it also answers whether a second rollback was needed (``benchmarks/monitors.py
+--policies rollback-once``).
+
 ``actions`` records what was done and when. Tested on the natural-failure benchmark
 (``benchmarks/monitors.py``), where the figures are.
 """
@@ -62,11 +68,14 @@ class Guard:
         factor: float = 0.5,
         floor: float = 0.01,
         snapshot_every: int | None = None,
+        max_actions: int | None = None,
     ):
         """``monitor``: the monitors whose alarms act (default: ``Monitor(model, every=every)``)."""
         check_policy(policy, optional=False)
         if not 0 < factor < 1 or not 0 < floor <= 1:
             raise ValueError(f"factor must be in (0, 1) and floor in (0, 1], got {factor} and {floor}")
+        if max_actions is not None and max_actions < 1:
+            raise ValueError(f"max_actions must be at least 1 (None for no cap), got {max_actions}")
         self.model, self.optimizer, self.scheduler, self.policy = model, optimizer, scheduler, policy
         self.monitor = monitor or Monitor(model, every=every)
         self.factor, self.floor = factor, floor
@@ -75,6 +84,13 @@ class Guard:
         self.skip_update = False
         self.snapshots: deque[tuple[int, float, dict, dict]] = deque(maxlen=2)  # step, lr scale, states
         self.actions: list[dict[str, Any]] = []
+        self.max_actions = max_actions
+        self.acted = 0  # alarms acted on so far
+
+    @property
+    def exhausted(self) -> bool:
+        """True once ``max_actions`` alarms have been acted on: later ones are only recorded."""
+        return self.max_actions is not None and self.acted >= self.max_actions
 
     @property
     def names(self) -> list[str]:
@@ -88,6 +104,12 @@ class Guard:
         """Run the monitors on this step and act on their alarms; returns the alerts."""
         alerts = self.monitor.step(step, loss)
         alarms = [a for a in alerts if a.level == "alarm"]
+        self.skip_update = False
+        if self.exhausted:
+            if alarms:
+                self._record(step, "ignored", f"max_actions ({self.max_actions}) reached", alarms)
+            return alerts
+        self.acted += bool(alarms)
         self.skip_update = bool(alarms) and self.policy == "skip"
         if self.skip_update:
             self._record(step, "skip", "skipped this step's update", alarms)

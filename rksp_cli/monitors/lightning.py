@@ -8,9 +8,10 @@ after backward (accumulated gradients) and before Lightning clips them. Metrics 
 kept in ``alerts``. With ``stop_on_alarm`` an alarm sets ``trainer.should_stop``.
 
 ``policy`` (``guard.POLICIES``) acts on alarms through a ``Guard`` on the first optimizer and its
-scheduler, ``actions`` lists what it did. A callback cannot skip Lightning's optimizer step, so
-where the guard skips (``skip``, and the step of a rollback) the gradients are zeroed instead:
-Adam then moves by its momentum alone, an approximation of a skip, not a skip.
+scheduler, on at most ``max_actions`` of them; ``actions`` lists what it did. A callback cannot
+skip Lightning's optimizer step, so where the guard skips (``skip``, and the step of a rollback)
+the gradients are zeroed instead: Adam then moves by its momentum alone, an approximation of a
+skip, not a skip.
 
 Works with ``lightning`` (``lightning.pytorch``) or ``pytorch_lightning``, whichever is installed;
 the callback subclasses that package's ``Callback``, as its Trainer requires.
@@ -34,10 +35,12 @@ from rksp_cli.monitors.guard import Guard, check_policy
 
 
 class RkspMonitor(Callback):
-    def __init__(self, stop_on_alarm: bool = False, policy: str | None = None, **settings: Any):
+    def __init__(
+        self, stop_on_alarm: bool = False, policy: str | None = None, max_actions: int | None = None, **settings: Any
+    ):
         """``settings``: as for ``Monitor`` (``every``, ``log``, ``monitors``, ...)."""
         check_policy(policy)
-        self.settings, self.stop_on_alarm, self.policy = settings, stop_on_alarm, policy
+        self.settings, self.stop_on_alarm, self.policy, self.max_actions = settings, stop_on_alarm, policy, max_actions
         self.monitor: Monitor | None = None
         self.guard: Guard | None = None
         self.alerts: list[Alert] = []
@@ -52,7 +55,8 @@ class RkspMonitor(Callback):
         if self.policy is not None:
             configs = getattr(trainer, "lr_scheduler_configs", None) or []
             scheduler = configs[0].scheduler if configs else None
-            self.guard = Guard(pl_module, trainer.optimizers[0], self.policy, scheduler, self.monitor)
+            optimizer = trainer.optimizers[0]
+            self.guard = Guard(pl_module, optimizer, self.policy, scheduler, self.monitor, max_actions=self.max_actions)
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
         self._loss = float(loss.detach())
