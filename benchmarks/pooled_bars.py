@@ -51,6 +51,7 @@ SETS = [
     ("monitors-matched-132-137.json", None),  # spectral_entropy shared, the same values; Intel Xeon
     ("monitors-matched-138-143.json", None),
     ("monitors-matched-144-149.json", None),
+    ("monitors-matched-150-155.json", None),
 ]
 SUBLAYER_FROM = 60  # the first seed watched by all of today's monitors (sublayer_ratio, the newest)
 DETECTOR_NAMES = {cls.name for cls in DETECTORS}
