@@ -27,6 +27,8 @@ README_TABLES = [
     ("monitors", "actions_markdown", "monitors-actions-fresh.json", "actions"),
     ("monitors", "actions_markdown", "monitors-postln-actions-78-83.json", "actions"),
     ("monitors", "actions_markdown", "monitors-postln-control78-rollback.json", "actions"),
+    ("monitors", "actions_markdown", "monitors-postln-rollback-once.json", "actions"),
+    ("monitors", "guarded_runs_markdown", "monitors-postln-rollback-once.json", "guarded_runs"),
 ]
 HELD_OUT_TABLES = [
     ("matched_detectors", "markdown", "monitors-matched-48-53.json", "rows"),
