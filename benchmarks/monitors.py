@@ -301,7 +301,7 @@ def main() -> None:
     try:
         seeds = [int(s) for s in args.seed_list.split(",") if s] or range(args.first_seed, args.first_seed + args.seeds)
     except ValueError:
-        raise SystemExit(f"--seed-list: expected comma-separated whole numbers, got {args.seed_list!r}") from None
+        parser.error(f"--seed-list: expected comma-separated whole numbers, got {args.seed_list!r}")
     known = {k for n in names for k in KNOWN[n].kinds}
     kinds = [k for k in args.kinds.split(",") if k] or sorted(known)
     if unknown := set(kinds) - known:

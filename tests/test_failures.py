@@ -185,12 +185,16 @@ def test_the_benchmark_tables_saved_runs_without_training_and_refuses_when_none_
         {"step": 250, "action": "ignored", "what": "", "by": ["m"], "lr_scale": 0.5},
     ]
     (runs / "attention_logit_growth-failing-0-rollback-once.json").write_text(json.dumps(capped.as_dict()))
-    once = [*common[:-2], "--policies=rollback-once", "--saved-only", "--runs", str(runs)]
+    once = [*common[:-2], "--policies=rollback-once", "--saved-only", "--runs", str(runs), "--seed-list", "0"]
     monkeypatch.setattr("sys.argv", [*once, "--out", str(tmp_path / "c.json")])
     bench.main()
     row = json.loads((tmp_path / "c.json").read_text())["guarded_runs"][0]
     assert (row["seed"], row["failed_unguarded"], row["acted"], row["ignored"]) == (0, 300, [100], [250])
     assert "| 0 | rollback-once | 300 | 100 | 250 |" in capsys.readouterr().out
+    monkeypatch.setattr("sys.argv", [*once[:-1], "0,x", "--out", str(tmp_path / "x.json")])
+    with pytest.raises(SystemExit) as refused:
+        bench.main()
+    assert refused.value.code == 2 and "--seed-list" in capsys.readouterr().err
     monkeypatch.setattr("sys.argv", [*common, "--runs", str(tmp_path / "none"), "--out", str(tmp_path / "no.json")])
     with pytest.raises(SystemExit) as refused:
         bench.main()
