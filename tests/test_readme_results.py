@@ -30,58 +30,27 @@ README_TABLES = [
     ("monitors", "actions_markdown", "monitors-postln-rollback-once.json", "actions"),
     ("monitors", "guarded_runs_markdown", "monitors-postln-rollback-once.json", "guarded_runs"),
 ]
+
+
+def _first_seed(results: Path) -> int:
+    return int(results.stem.split("-")[-2])  # monitors-matched-150-155 -> 150
+
+
+def _sets(pattern: str, since: int = 0) -> list[str]:
+    """The held-out sets' results files matching ``pattern`` (named by their seeds), from ``since``
+    on, in seed order: a set committed without its table in the record fails here."""
+    return [p.name for p in sorted(RESULTS.glob(pattern), key=_first_seed) if _first_seed(p) >= since]
+
+
 HELD_OUT_TABLES = [
-    ("matched_detectors", "markdown", "monitors-matched-48-53.json", "rows"),
-    ("matched_detectors", "markdown", "monitors-matched-54-59.json", "rows"),
-    ("matched_detectors", "markdown", "monitors-matched-60-65.json", "rows"),
-    ("matched_detectors", "markdown", "monitors-matched-66-71.json", "rows"),
-    ("matched_detectors", "markdown", "monitors-matched-72-77.json", "rows"),
-    ("matched_detectors", "markdown", "monitors-matched-78-83.json", "rows"),
-    ("matched_detectors", "markdown", "monitors-matched-84-89.json", "rows"),
-    ("matched_detectors", "runs_markdown", "monitors-matched-84-89.json", "failing_runs"),
-    ("matched_detectors", "markdown", "monitors-matched-90-95.json", "rows"),
-    ("matched_detectors", "runs_markdown", "monitors-matched-90-95.json", "failing_runs"),
-    ("matched_detectors", "markdown", "monitors-matched-96-101.json", "rows"),
-    ("matched_detectors", "runs_markdown", "monitors-matched-96-101.json", "failing_runs"),
-    ("matched_detectors", "markdown", "monitors-matched-102-107.json", "rows"),
-    ("matched_detectors", "runs_markdown", "monitors-matched-102-107.json", "failing_runs"),
-    ("matched_detectors", "markdown", "monitors-matched-108-113.json", "rows"),
-    ("matched_detectors", "runs_markdown", "monitors-matched-108-113.json", "failing_runs"),
-    ("matched_detectors", "markdown", "monitors-matched-114-119.json", "rows"),
-    ("matched_detectors", "runs_markdown", "monitors-matched-114-119.json", "failing_runs"),
-    ("matched_detectors", "markdown", "monitors-matched-120-125.json", "rows"),
-    ("matched_detectors", "runs_markdown", "monitors-matched-120-125.json", "failing_runs"),
-    ("matched_detectors", "markdown", "monitors-matched-126-131.json", "rows"),
-    ("matched_detectors", "runs_markdown", "monitors-matched-126-131.json", "failing_runs"),
-    ("matched_detectors", "markdown", "monitors-matched-132-137.json", "rows"),
-    ("matched_detectors", "runs_markdown", "monitors-matched-132-137.json", "failing_runs"),
-    ("matched_detectors", "markdown", "monitors-matched-138-143.json", "rows"),
-    ("matched_detectors", "runs_markdown", "monitors-matched-138-143.json", "failing_runs"),
-    ("matched_detectors", "markdown", "monitors-matched-144-149.json", "rows"),
-    ("matched_detectors", "runs_markdown", "monitors-matched-144-149.json", "failing_runs"),
-    ("matched_detectors", "markdown", "monitors-matched-150-155.json", "rows"),
-    ("matched_detectors", "runs_markdown", "monitors-matched-150-155.json", "failing_runs"),
-    ("past_horizon", "markdown", "monitors-past-horizon-114-119.json", "rows"),
-    ("past_horizon", "markdown", "monitors-past-horizon-120-125.json", "rows"),
-    ("past_horizon", "markdown", "monitors-past-horizon-126-131.json", "rows"),
-    ("past_horizon", "markdown", "monitors-past-horizon-78-83.json", "rows"),
-    ("past_horizon", "markdown", "monitors-past-horizon-90-95.json", "rows"),
-    ("past_horizon", "markdown", "monitors-past-horizon-144-149.json", "rows"),
-    ("past_horizon", "markdown", "monitors-past-horizon-150-155.json", "rows"),
-    ("monitors", "actions_markdown", "monitors-postln-actions-84-89.json", "actions"),
+    *(("matched_detectors", "markdown", f, "rows") for f in _sets("monitors-matched-*-*.json", since=48)),
+    # the comparisons list their failing runs one by one from 84-89 on
+    *(("matched_detectors", "runs_markdown", f, "failing_runs") for f in _sets("monitors-matched-*-*.json", since=84)),
+    *(("past_horizon", "markdown", f, "rows") for f in _sets("monitors-past-horizon-*-*.json")),
+    *(("monitors", "actions_markdown", f, "actions") for f in _sets("monitors-postln-actions-*-*.json", since=84)),
     ("monitors", "actions_markdown", "monitors-postln-control86-88-rollback.json", "actions"),
-    ("monitors", "actions_markdown", "monitors-postln-actions-90-95.json", "actions"),
-    ("monitors", "actions_markdown", "monitors-postln-actions-96-101.json", "actions"),
     ("monitors", "actions_markdown", "monitors-postln-control96-101-rollback.json", "actions"),
-    ("monitors", "actions_markdown", "monitors-postln-actions-102-107.json", "actions"),
     ("monitors", "actions_markdown", "monitors-postln-control102-107-rollback.json", "actions"),
-    ("monitors", "actions_markdown", "monitors-postln-actions-108-113.json", "actions"),
-    ("monitors", "actions_markdown", "monitors-postln-actions-114-119.json", "actions"),
-    ("monitors", "actions_markdown", "monitors-postln-actions-120-125.json", "actions"),
-    ("monitors", "actions_markdown", "monitors-postln-actions-126-131.json", "actions"),
-    ("monitors", "actions_markdown", "monitors-postln-actions-132-137.json", "actions"),
-    ("monitors", "actions_markdown", "monitors-postln-actions-138-143.json", "actions"),
-    ("monitors", "actions_markdown", "monitors-postln-actions-144-149.json", "actions"),
 ]
 
 
