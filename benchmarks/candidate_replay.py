@@ -4,12 +4,14 @@
 A rule change found on the runs it would fix cannot be judged on them. So a candidate is stated in
 benchmarks/monitors-log.md before the seeds that judge it are run. This script replays those seeds'
 saved runs (benchmarks/results/monitors/) under a baseline rule and under the candidate, which
-differ in one knob (``KNOBS``): the sub-layer rule's minimum history (``--min-history``) or the
-attention-logit rule's growth factor (``--logit-growth``). It reports each control's alarm from
+differ in one knob (``KNOBS``): the sub-layer rule's minimum history (``--min-history``), the
+attention-logit rule's growth factor (``--logit-growth``) or whether the R-Metric's loss term
+scores a fall in the loss (``--r-rises-only``). It reports each control's alarm from
 that monitor and each failing run's first rksp alarm, lead and lead bar under both.
 
 Replay is exact because each rule reads only each check's logged values (``SublayerBurst``: the
-branches' ratios; ``growth_alarm``: the layers' largest logits). Every other monitor's alarms are
+branches' ratios; ``growth_alarm``: the layers' largest logits; ``RMetric``: its three components,
+and the loss at the check, which every saved run keeps). Every other monitor's alarms are
 today's (``matched_detectors.monitor_alarms``). Seconds on one core.
 
 Judged so far: on 2026-11-27, after Pre-LN controls 86 and 88 alarmed at step 700, 16 checks of
@@ -19,9 +21,11 @@ first seeds under the new one (``--baseline 16 --min-history 10``). Stated for 1
 low-precision seed 105's late alarm: the attention-logit rule at growth 2.5 against the 3 then
 shipped (``--baseline 3 --logit-growth 2.5``); shipped after 108-113 (``GROWTH`` 2.5), the former
 rule replayed on 114-119 (``--logit-growth 3 --baseline 2.5``), where 2.5 drew a false alarm
-that 3 does not: 3 again from seeds 120 on.
-Run: python benchmarks/candidate_replay.py --seeds 90-95 (--min-history N | --logit-growth X)
-[--baseline VALUE] [--out FILE]
+that 3 does not: 3 again from seeds 120 on. Stated for 162-167, after the R-Metric's false alarm
+on Pre-LN control 161 as its loss fell: a loss term that scores rises only
+(``--r-rises-only yes``).
+Run: python benchmarks/candidate_replay.py --seeds 90-95 (--min-history N | --logit-growth X |
+--r-rises-only yes|no) [--baseline VALUE] [--out FILE]
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from matched_detectors import (
     first_of,
     lead,
     monitor_alarms,
+    r_metric_alarm,
     saved_runs,
     seed_range,
     sublayer_ratio_alarm,
@@ -73,11 +78,17 @@ def _growth(text: str) -> float:
     return value
 
 
+def _yes_no(text: str) -> bool:
+    if text not in ("yes", "no"):
+        raise ValueError("say yes or no")
+    return text == "yes"
+
+
 @dataclass(frozen=True)
 class Knob:
     """One knob of one monitor's rule: its shipped value, how a saved run is rescored at another,
     how a value is read from the command line and named in the table, and the results file's tag.
-    A smaller value is the looser rule for every knob here."""
+    A smaller value is the looser rule for every knob here (False before True)."""
 
     key: str
     monitor: str
@@ -95,6 +106,10 @@ KNOBS = {
     "logit_growth": Knob(
         "logit_growth", "attention_logits", GROWTH, attention_logits_alarm, _growth, "growth {:g}".format,
         "logit-growth-",
+    ),
+    "r_rises_only": Knob(
+        "r_rises_only", "r_metric", False, r_metric_alarm, _yes_no,
+        lambda rises: "rises only" if rises else "|dL|", "r-rises-only-",
     ),
 }  # fmt: skip
 
@@ -167,13 +182,12 @@ def main() -> None:
     rule = parser.add_mutually_exclusive_group(required=True)
     rule.add_argument("--min-history", help=f"the candidate sub-layer rule's checks before a score ({MIN_HISTORY})")
     rule.add_argument("--logit-growth", help=f"the candidate attention-logit rule's growth factor ({GROWTH:g})")
+    rule.add_argument("--r-rises-only", help="yes: the candidate R-Metric scores only a rise in the loss (no)")
     parser.add_argument("--baseline", help="the baseline's value of the same knob (default: the shipped one)")
     parser.add_argument("--runs", type=Path, default=RUNS, help="folder of the saved runs")
-    parser.add_argument(
-        "--out", type=Path, help="results JSON (default: results/monitors-candidate[-logit-growth]-SEEDS.json)"
-    )
+    parser.add_argument("--out", type=Path, help="results JSON (default: results/monitors-candidate[-KNOB]-SEEDS.json)")
     args = parser.parse_args()
-    knob = KNOBS["min_history" if args.min_history is not None else "logit_growth"]
+    knob = next(knob for key, knob in KNOBS.items() if getattr(args, key) is not None)
     values = {"--" + knob.key.replace("_", "-"): getattr(args, knob.key), "--baseline": args.baseline}
     for flag, text in values.items():
         try:

@@ -106,14 +106,20 @@ def matched_setting(false_alarms: Sequence[int], settings: Sequence[float]) -> f
     return quiet
 
 
-def r_metric_alarm(run: WatchedRun) -> int | None:
+def r_metric_alarm(run: WatchedRun, rises_only: bool = False) -> int | None:
     """Today's R-Metric's first alarm on a saved run, rescored check by check from its logged
-    components: the same alarms as a run watched under today's code."""
-    metric = RMetric(nn.Module())
+    components: the same alarms as a run watched under today's code. With ``rises_only``, the rule
+    whose loss term scores only a loss above its recent mean (a candidate:
+    benchmarks/candidate_replay.py); which side the loss was on is read from the run's own losses at
+    its checks, as the monitor reads them."""
+    metric = RMetric(nn.Module(), rises_only=rises_only)
     for check in run.series:
-        logged = check["metrics"]
-        if "r_metric" in logged and metric.score(check["step"], {k: logged[f"r_{k}"] for k in WEIGHTS})[1]:
-            return check["step"]
+        logged, step = check["metrics"], check["step"]
+        if "r_metric" not in logged:
+            continue
+        fell = metric.loss_change(run.losses[step]) < 0
+        if metric.score(step, {k: logged[f"r_{k}"] for k in WEIGHTS}, fell=fell)[1]:
+            return step
     return None
 
 

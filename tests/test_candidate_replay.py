@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import pytest
+import torch
 
 from rksp_cli.monitors.failures import WatchedRun
 
@@ -123,6 +124,37 @@ def test_the_replayed_shipped_logit_rule_is_the_monitor_s(candidate):
         assert replayed["baseline"]["attention_logits"] == (steps[0] if steps else None)
 
 
+def r_run(kind: str, losses: list[float]) -> WatchedRun:
+    """A run checked every 50 steps by a live R-Metric (gradients that never change), ``losses[i]``
+    its loss through check i's 50 steps, saved with its logged components as a watched run is."""
+    from torch import nn
+
+    from rksp_cli.monitors.r_metric import RMetric
+
+    model = nn.Linear(2, 2)
+    model.weight.grad, model.bias.grad = torch.ones(2, 2), torch.ones(2)
+    metric = RMetric(model)
+    per_step = [loss for loss in losses for _ in range(50)]
+    series = [{"step": s, "metrics": metric.check(s, per_step[s])[0]} for s in range(0, len(per_step), 50)]
+    n = len(per_step)
+    return WatchedRun(
+        "post_ln_without_warmup", kind, 7, n, per_step, [1.0] * n, None, [], ["r_metric"], 0.1, {}, series=series
+    )
+
+
+def test_the_r_metric_candidate_withholds_a_fall_and_keeps_a_rise(candidate):
+    """After a noisy plateau, a loss drop far below its recent mean is the shipped R-Metric's alarm
+    and not the candidate's (the false alarm of Pre-LN 161); a rise as far above it is both rules'."""
+    knob = candidate.KNOBS["r_rises_only"]
+    plateau = [3.0 + 0.01 * ((7 * t) % 5) for t in range(40)]
+    fall = candidate.replay(r_run("control", [*plateau, 2.0, 2.0]), knob, True)
+    rise = candidate.replay(r_run("failing", [*plateau, 4.0, 4.0]), knob, True)
+    assert (fall["baseline"]["r_metric"], fall["candidate"]["r_metric"]) == (2000, None)
+    assert rise["baseline"]["r_metric"] == rise["candidate"]["r_metric"] == 2000
+    table = candidate.markdown([fall, rise], knob, False, True)
+    assert "`r_metric` alarm: |dL| / rises only" in table and "| 2000 / - |" in table
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -131,6 +163,7 @@ def test_the_replayed_shipped_logit_rule_is_the_monitor_s(candidate):
         (["--logit-growth", "1"], "--logit-growth 1: a growth factor is a number above 1"),
         (["--logit-growth", "2.5", "--baseline", "x"], "--baseline x: a growth factor is a number above 1"),
         (["--min-history", "10", "--logit-growth", "2.5"], "not allowed with argument"),
+        (["--r-rises-only", "maybe"], "--r-rises-only maybe: say yes or no"),
     ],
 )
 def test_bad_knob_values_are_one_line_and_exit_2(candidate, monkeypatch, capsys, args, message):

@@ -370,6 +370,36 @@ def test_r_metric_rescored_from_its_logged_components_alarms_where_it_did():
     assert 70 in alarms and again == alarms
 
 
+@pytest.mark.parametrize(("sign", "shipped", "rises_only"), [(-1, True, False), (1, True, True)])
+def test_r_metric_rises_only_withholds_a_fall_and_keeps_a_rise(sign, shipped, rises_only):
+    """The candidate stated after Pre-LN control 161 alarmed as its loss fell: with ``rises_only`` a
+    loss far below its recent mean scores no loss term, one as far above it alarms as shipped."""
+    model = nn.Linear(4, 4)
+    model.weight.grad = torch.ones(4, 4)  # gradient norms that never change: sigma2 scores 0
+    model.bias.grad = torch.ones(4)
+    metrics = {rule: RMetric(model, rises_only=rule) for rule in (False, True)}
+    for t in range(40):
+        for metric in metrics.values():
+            assert not metric.check(t, 3.0 + 0.01 * ((7 * t) % 5))[1]
+    jump = scoring(metrics[False].drift["dloss"], 11.0)  # the |dL| that scores z 11 (alarm from 9.8)
+    level = statistics.fmean(metrics[False].losses) + sign * jump
+    assert [bool(metrics[rule].check(40, level)[1]) for rule in (False, True)] == [shipped, rises_only]
+    assert metrics[False].drift["dloss"].history == metrics[True].drift["dloss"].history  # one scale
+
+
+def test_r_metric_loss_change_is_the_term_check_logs_with_its_sign():
+    """``loss_change`` is dL with its sign, so a saved run's own losses tell a replay which side of
+    its mean each check's loss was on; a non-finite loss is 10 and leaves the mean alone."""
+    model = nn.Linear(4, 4)
+    watched, replayed = RMetric(model), RMetric(nn.Module())
+    model.weight.grad, model.bias.grad = torch.ones(4, 4), torch.ones(4)
+    for t, loss in enumerate([4.0, 3.0, 3.5, math.inf, 2.0]):
+        logged = watched.check(t, loss)[0]["r_dloss"]
+        change = replayed.loss_change(loss)
+        assert logged == abs(change)
+    assert [replayed.loss_change(x) for x in (2.5, 4.0)] == pytest.approx([2.5 - 12.5 / 4, 4.0 - 15.0 / 5])
+
+
 GPT_MONITORS = ["spectral_alignment", "sublayer_ratio", "attention_entropy", "attention_logits", "output_logits"]
 HF_MONITORS = ["spectral_alignment", "sublayer_ratio", "attention_entropy", "attention_logits"]  # no vocabulary head
 

@@ -289,8 +289,9 @@ def watch_run(
                 if isinstance(m, CausalSelfAttention):
                     m.forward = low_precision_attention(m, failure.low_precision_bits)
         monitor = Monitor(model, every=every, seed=seed, log=log)
-        guard = None if policy is None else Guard(model, optimizer, policy, schedule, monitor, max_actions=max_actions)
-        made["monitor"] = monitor if guard is None else guard
+        made["monitor"] = (
+            monitor if policy is None else Guard(model, optimizer, policy, schedule, monitor, max_actions=max_actions)
+        )
         return made["monitor"]
 
     t0 = time.perf_counter()

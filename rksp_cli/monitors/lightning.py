@@ -55,8 +55,9 @@ class RkspMonitor(Callback):
         if self.policy is not None:
             configs = getattr(trainer, "lr_scheduler_configs", None) or []
             scheduler = configs[0].scheduler if configs else None
-            optimizer = trainer.optimizers[0]
-            self.guard = Guard(pl_module, optimizer, self.policy, scheduler, self.monitor, max_actions=self.max_actions)
+            self.guard = Guard(
+                pl_module, trainer.optimizers[0], self.policy, scheduler, self.monitor, max_actions=self.max_actions
+            )
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
         self._loss = float(loss.detach())

@@ -34,6 +34,14 @@ wiggle of z 2-5. Replayed over all 30 healthy deep runs' logged components, log 
 no alarm (5 before; the largest R 0.44); on 22 failing deep runs R then alarms on 7 (9 before),
 24-447 steps ahead, mostly from the loss as it turns; the width-64 runs' alarms do not change.
 A choice made after seeing those runs: fresh seeds 30-35 were run to test it (README).
+
+dL counts a fall in the loss as it counts a rise, as the paper's does. On held-out Pre-LN control
+161 (a healthy 12-block run) that gave R 0.58 at the first check the robust variant scores, the
+loss 0.82 below the mean of the checks before it while it still fell fast. ``rises_only`` (not the
+default) scores the loss term 0 when the loss is below that mean; the term's history still takes
+|dL|, so its scale is unchanged. A candidate stated after that run, before the seeds that judge it
+(162-167; ``benchmarks/candidate_replay.py --r-rises-only yes``). Replayed on the saved runs of
+132-161 it removes that alarm and moves no other.
 """
 
 from __future__ import annotations
@@ -123,10 +131,10 @@ def gradient_norm_variance(model: nn.Module) -> float:
 class RMetric:
     name = "r_metric"
 
-    def __init__(self, model: nn.Module, variant: Literal["robust", "published"] = "robust"):
+    def __init__(self, model: nn.Module, variant: Literal["robust", "published"] = "robust", rises_only: bool = False):
         if variant not in ("robust", "published"):
             raise ValueError(f"variant must be 'robust' or 'published', got {variant!r}")
-        self.model, self.variant = model, variant
+        self.model, self.variant, self.rises_only = model, variant, rises_only
         self.events = HardwareEvents()
         self.losses: deque[float] = deque(maxlen=10)
         self.history = {k: deque(maxlen=WINDOW) for k in WEIGHTS}
@@ -140,19 +148,27 @@ class RMetric:
     def check(self, step: int, loss: float | None) -> tuple[dict[str, float], list[Alert]]:
         if loss is None:
             return {}, []
-        if math.isfinite(loss):
-            dloss = abs(loss - statistics.fmean(self.losses)) if self.losses else 0.0
-            self.losses.append(loss)
-        else:
-            dloss = 10.0
-        raw = {"lambda": float(self.events.take()), "sigma2": gradient_norm_variance(self.model), "dloss": dloss}
-        return self.score(step, raw)
+        change = self.loss_change(loss)
+        raw = {"lambda": float(self.events.take()), "sigma2": gradient_norm_variance(self.model), "dloss": abs(change)}
+        return self.score(step, raw, fell=change < 0)
 
-    def score(self, step: int, raw: dict[str, float]) -> tuple[dict[str, float], list[Alert]]:
+    def loss_change(self, loss: float) -> float:
+        """dL with its sign: the loss less the mean of the last <= 10 checked finite losses (0 at the
+        first check, 10 for a non-finite loss, which the mean leaves out); remembers the loss."""
+        if not math.isfinite(loss):
+            return 10.0
+        change = loss - statistics.fmean(self.losses) if self.losses else 0.0
+        self.losses.append(loss)
+        return change
+
+    def score(self, step: int, raw: dict[str, float], fell: bool = False) -> tuple[dict[str, float], list[Alert]]:
         """R, and its alarm, from one check's measured components (``raw``: lambda, sigma2, dloss)
-        against the earlier checks'. R reads nothing else, so feeding a logged run's ``r_*`` metrics
-        here check by check rescores it exactly under today's rule."""
+        against the earlier checks'; ``fell``: the loss was below its recent mean. R reads nothing
+        else, so feeding a logged run's ``r_*`` metrics here check by check (and the sign of
+        ``loss_change`` on its losses) rescores it exactly under today's rule."""
         scaled = {k: self._normalise(k, raw[k]) for k in WEIGHTS}
+        if fell and self.rises_only:
+            scaled["dloss"] = 0.0
         r = sum(WEIGHTS[k] * scaled[k] for k in WEIGHTS)
         metrics = {f"r_{k}": v for k, v in raw.items()} | {"r_metric": r}
         alerts = []
