@@ -99,7 +99,7 @@ bench-monitors-matched: install
 # about 80 minutes on 2 cores), width 64 (24 runs, about 6), the detectors at the settings tuned
 # on seeds 0-5 read from an earlier comparison (a replay), any failing run that had not failed by
 # its horizon trained on to 10,000 steps without monitors (about 19 minutes each, two at a time),
-# then the bars pooled over every held-out set.
+# then the bars, and the races rksp lost to a detector, pooled over every held-out set.
 # Resumable: each run is saved as it finishes.
 HELD_OUT ?= 162
 HELD_OUT_SEEDS = $(HELD_OUT)-$(shell echo $$(($(HELD_OUT) + 5)))
@@ -114,6 +114,7 @@ bench-monitors-heldout: install
 		--out benchmarks/results/monitors-matched-$(HELD_OUT_SEEDS).json
 	$(BIN)/python benchmarks/past_horizon.py --seeds $(HELD_OUT_SEEDS)
 	$(BIN)/python benchmarks/pooled_bars.py --with benchmarks/results/monitors-matched-$(HELD_OUT_SEEDS).json
+	$(BIN)/python benchmarks/pooled_bars.py --races --with benchmarks/results/monitors-matched-$(HELD_OUT_SEEDS).json
 
 # Deep Post-LN at width 512 (failures.GPU_FAILURES), needs CUDA: three runs a seed (failing, Pre-LN
 # and low-lr controls) of up to 5000 steps, all at once on one GPU, each saved in

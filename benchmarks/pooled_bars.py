@@ -14,7 +14,11 @@ have one, and says so.
 Sets are those held out when they ran; comparisons that pooled seeds used in choosing a rule
 (``monitors-matched-30-59.json``, ``monitors-matched-postln.json``) are left out. A set that did not
 run the failure asked for (48-53 and 54-59 reran only deep Post-LN) is left out of its table.
-Run: python benchmarks/pooled_bars.py [--failure NAME] [--with RESULTS] [RESULTS ...] (prints Markdown).
+With ``--races``, where rksp was not first: by how many steps a tuned detector beat it, over the
+sets with a run-by-run record (84-89 on). A margin under one check interval (``DEFAULT_EVERY``) is
+a race a monitor checking every step might have won; a larger one is not about the interval.
+Run: python benchmarks/pooled_bars.py [--failure NAME] [--races] [--with RESULTS] [RESULTS ...]
+(prints Markdown).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import Any
 from matched_detectors import RKSP, bar_met, first_of, lead
 from scipy.stats import binomtest
 
+from rksp_cli.monitors.failures import DEFAULT_EVERY
 from rksp_cli.monitors.spike_detectors import DETECTORS
 
 RESULTS = Path(__file__).parent / "results"
@@ -156,6 +161,41 @@ def tables(sets: list[tuple[Path, Path | None]], failure: str) -> str:
     return markdown(rows, pooled)
 
 
+RACES = ("rksp first", f"a detector first by < {DEFAULT_EVERY} steps", f"by {DEFAULT_EVERY} or more", "no rksp alarm")
+
+
+def race(run: dict[str, Any]) -> str:
+    """Which of ``RACES`` one failing run of ``matched_detectors.failing_runs`` falls in: rksp first,
+    or beaten (or tied) by the earliest matched detector's alarm before the failure, by how much, or
+    rksp with no alarm before the failure."""
+    if run["earlier_than_every_matched_detector"]:
+        return RACES[0]
+    if lead(run["failed"], run["rksp"]) is None:
+        return RACES[3]
+    first = min(step for step in run["matched_detectors"].values() if lead(run["failed"], step) is not None)
+    return RACES[1] if run["rksp"] - first < DEFAULT_EVERY else RACES[2]
+
+
+def races(sets: list[tuple[Path, Path | None]], failure: str) -> str:
+    """Per set with a run-by-run record, its failures of ``failure`` by ``RACES``, and their sums."""
+    rows = []
+    for path, _ in sets:
+        results = json.loads(path.read_text())
+        runs = [r for r in results.get("failing_runs", []) if r["failure"] == failure and r["failed"] is not None]
+        if runs:
+            seeds = results["held_out_seeds"]
+            rows.append((min(seeds), f"{min(seeds)}-{max(seeds)}", [sum(race(r) == k for r in runs) for k in RACES]))
+    if not rows:
+        raise ValueError(f"no comparison has a run-by-run record of {failure}")
+    rows.sort()
+    total = [sum(counts[i] for *_, counts in rows) for i in range(len(RACES))]
+    lines = ["| held-out seeds | failures | " + " | ".join(RACES) + " |", "|---|---|" + "---|" * len(RACES)]
+    for _, seeds, counts in rows:
+        lines.append(f"| {seeds} | {sum(counts)} | " + " | ".join(map(str, counts)) + " |")
+    lines.append(f"| **all** | {sum(total)} | " + " | ".join(map(str, total)) + " |")
+    return "\n".join(lines)
+
+
 def default_sets() -> list[tuple[Path, Path | None]]:
     return [(RESULTS / m, RESULTS / h if h else None) for m, h in SETS]
 
@@ -165,13 +205,14 @@ def main() -> None:
     parser.add_argument("results", nargs="*", type=Path, help="matched_detectors.py results (default: SETS)")
     parser.add_argument("--with", dest="extra", type=Path, action="append", default=[], help="a set added to SETS")
     parser.add_argument("--failure", default="post_ln_without_warmup", help="which failure's rows to pool")
+    parser.add_argument("--races", action="store_true", help="where rksp was not first, by how much")
     args = parser.parse_args()
     sets = [(p, None) for p in args.results] or default_sets()
     for extra in args.extra:
         if extra.resolve() not in {m.resolve() for m, _ in sets}:  # a set named twice counts once
             sets.append((extra, None))
     try:
-        print(tables(sets, args.failure))
+        print((races if args.races else tables)(sets, args.failure))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         parser.error(f"not a set of matched_detectors.py results: {exc}")
 

@@ -83,3 +83,36 @@ def test_wilson_interval_holds_the_proportion_inside_0_1(pooled, hits, n):
     low, high = pooled.wilson(hits, n)
     assert 0 <= low <= hits / n <= high <= 1 and high - low > 0
     assert (low == 0) == (hits == 0) and (high == 1) == (hits == n)
+
+
+def a_race(rksp: int | None, detectors: dict[str, int | None], failed: int = 3000, first: bool = False) -> dict:
+    """One failing run as ``matched_detectors.failing_runs`` records it."""
+    return {"failure": "f", "seed": 1, "failed": failed, "rksp": rksp,
+            "earlier_than_every_matched_detector": first, "matched_detectors": detectors}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("run", "expected"),
+    [
+        (a_race(1000, {"a": 2000, "b": None}, first=True), 0),
+        (a_race(1050, {"a": 1001, "b": 2500}), 1),  # beaten by 49 steps: inside one check interval
+        (a_race(1000, {"a": 1000, "b": None}), 1),  # a tie is no win
+        (a_race(1050, {"a": 1020, "b": 990}), 2),  # the earliest detector counts (a alone: 30)
+        (a_race(1050, {"a": 1000, "b": None}), 2),  # beaten by a whole interval
+        (a_race(None, {"a": 1000}), 3),
+        (a_race(3100, {"a": 1000}), 3),  # an alarm after the failure is none
+    ],
+)
+def test_a_lost_race_is_sorted_by_its_margin(pooled, run, expected):
+    assert pooled.race(run) == pooled.RACES[expected]
+
+
+def test_races_sum_each_set_with_a_run_by_run_record(pooled, tmp_path):
+    """Sets without a run-by-run record, and other failures' runs, are left out of the table."""
+    runs = [a_race(1000, {"a": 2000}, first=True), a_race(1050, {"a": 1000}), {**a_race(1, {}), "failure": "g"}]
+    (tmp_path / "f.json").write_text(json.dumps({"held_out_seeds": [84, 89], "failing_runs": runs}))
+    (tmp_path / "g.json").write_text(json.dumps({"held_out_seeds": [78, 83], "rows": []}))
+    table = pooled.races([(tmp_path / "g.json", None), (tmp_path / "f.json", None)], "f")
+    assert table.splitlines()[2:] == ["| 84-89 | 2 | 1 | 0 | 1 | 0 |", "| **all** | 2 | 1 | 0 | 1 | 0 |"]
+    with pytest.raises(ValueError, match="no comparison has a run-by-run record of h"):
+        pooled.races([(tmp_path / "f.json", None)], "h")

@@ -90,3 +90,18 @@ def test_readme_pooled_bars_are_the_program_s_sums(monkeypatch, failure):
     pooled = importlib.import_module("benchmarks.pooled_bars")
     table = pooled.tables(pooled.default_sets(), failure)
     assert table in README.read_text(), "README lacks pooled_bars.py's table as it prints it"
+
+
+def test_readme_race_table_is_the_program_s_and_agrees_with_the_pooled_earliness(monkeypatch):
+    """Where rksp was not first on deep Post-LN, by how much: the README's table is the program's,
+    and its "rksp first" column is the earliness count of the same sets' pooled rows."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    pooled = importlib.import_module("benchmarks.pooled_bars")
+    sets, failure = pooled.default_sets(), "post_ln_without_warmup"
+    table = pooled.races(sets, failure)
+    assert table in README.read_text(), "README lacks pooled_bars.py --races as it prints it"
+    recorded = [json.loads(m.read_text()) for m, _ in sets]
+    with_runs = [r for r in recorded if r.get("failing_runs")]
+    earliest = sum(pooled.set_row(r, failure)["earliest"] for r in with_runs)
+    failed = sum(pooled.set_row(r, failure)["failed"] for r in with_runs)
+    assert table.splitlines()[-1].startswith(f"| **all** | {failed} | {earliest} |")
