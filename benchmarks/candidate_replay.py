@@ -23,7 +23,7 @@ shipped (``--baseline 3 --logit-growth 2.5``); shipped after 108-113 (``GROWTH``
 rule replayed on 114-119 (``--logit-growth 3 --baseline 2.5``), where 2.5 drew a false alarm
 that 3 does not: 3 again from seeds 120 on. Stated for 162-167, after the R-Metric's false alarm
 on Pre-LN control 161 as its loss fell: a loss term that scores rises only
-(``--r-rises-only yes``).
+(``--r-rises-only yes``); on 162-167 it moved nothing.
 Run: python benchmarks/candidate_replay.py --seeds 90-95 (--min-history N | --logit-growth X |
 --r-rises-only yes|no) [--baseline VALUE] [--out FILE]
 """
