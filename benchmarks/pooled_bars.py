@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -184,7 +185,8 @@ def races(sets: list[tuple[Path, Path | None]], failure: str) -> str:
         runs = [r for r in results.get("failing_runs", []) if r["failure"] == failure and r["failed"] is not None]
         if runs:
             seeds = results["held_out_seeds"]
-            rows.append((min(seeds), f"{min(seeds)}-{max(seeds)}", [sum(race(r) == k for r in runs) for k in RACES]))
+            tally = Counter(map(race, runs))
+            rows.append((min(seeds), f"{min(seeds)}-{max(seeds)}", [tally[k] for k in RACES]))
     if not rows:
         raise ValueError(f"no comparison has a run-by-run record of {failure}")
     rows.sort()

@@ -101,7 +101,5 @@ def test_readme_race_table_is_the_program_s_and_agrees_with_the_pooled_earliness
     table = pooled.races(sets, failure)
     assert table in README.read_text(), "README lacks pooled_bars.py --races as it prints it"
     recorded = [json.loads(m.read_text()) for m, _ in sets]
-    with_runs = [r for r in recorded if r.get("failing_runs")]
-    earliest = sum(pooled.set_row(r, failure)["earliest"] for r in with_runs)
-    failed = sum(pooled.set_row(r, failure)["failed"] for r in with_runs)
-    assert table.splitlines()[-1].startswith(f"| **all** | {failed} | {earliest} |")
+    summed = pooled.pool([pooled.set_row(r, failure) for r in recorded if r.get("failing_runs")], "with runs")
+    assert table.splitlines()[-1].startswith(f"| **all** | {summed['failed']} | {summed['earliest']} |")
