@@ -23,7 +23,8 @@ shipped (``--baseline 3 --logit-growth 2.5``); shipped after 108-113 (``GROWTH``
 rule replayed on 114-119 (``--logit-growth 3 --baseline 2.5``), where 2.5 drew a false alarm
 that 3 does not: 3 again from seeds 120 on. Stated for 162-167, after the R-Metric's false alarm
 on Pre-LN control 161 as its loss fell: a loss term that scores rises only
-(``--r-rises-only yes``); on 162-167 it moved nothing.
+(``--r-rises-only yes``); on 162-167 it moved nothing. Shipped from seeds 168 on (the robust
+variant's default); ``--r-rises-only no`` replays the former rule.
 Run: python benchmarks/candidate_replay.py --seeds 90-95 (--min-history N | --logit-growth X |
 --r-rises-only yes|no) [--baseline VALUE] [--out FILE]
 """
@@ -57,6 +58,7 @@ from rksp_cli.errors import InputError
 from rksp_cli.files import atomic_path, check_writable
 from rksp_cli.monitors.attention_logits import GROWTH
 from rksp_cli.monitors.failures import WatchedRun
+from rksp_cli.monitors.r_metric import RISES_ONLY
 from rksp_cli.monitors.sublayer_ratio import MIN_HISTORY
 
 RULES = ("baseline", "candidate")
@@ -108,7 +110,7 @@ KNOBS = {
         "logit-growth-",
     ),
     "r_rises_only": Knob(
-        "r_rises_only", "r_metric", False, r_metric_alarm, _yes_no,
+        "r_rises_only", "r_metric", RISES_ONLY["robust"], r_metric_alarm, _yes_no,
         lambda rises: "rises only" if rises else "|dL|", "r-rises-only-",
     ),
 }  # fmt: skip

@@ -106,12 +106,12 @@ def matched_setting(false_alarms: Sequence[int], settings: Sequence[float]) -> f
     return quiet
 
 
-def r_metric_alarm(run: WatchedRun, rises_only: bool = False) -> int | None:
+def r_metric_alarm(run: WatchedRun, rises_only: bool | None = None) -> int | None:
     """Today's R-Metric's first alarm on a saved run, rescored check by check from its logged
-    components: the same alarms as a run watched under today's code. With ``rises_only``, the rule
-    whose loss term scores only a loss above its recent mean (a candidate:
-    benchmarks/candidate_replay.py); which side the loss was on is read from the run's own losses at
-    its checks, as the monitor reads them."""
+    components: the same alarms as a run watched under today's code. ``rises_only`` True or False
+    picks the rule whose loss term scores only a loss above its recent mean or any change
+    (benchmarks/candidate_replay.py; None: the shipped one); which side the loss was on is read from
+    the run's own losses at its checks, as the monitor reads them."""
     metric = RMetric(nn.Module(), rises_only=rises_only)
     for check in run.series:
         logged, step = check["metrics"], check["step"]

@@ -143,14 +143,16 @@ def r_run(kind: str, losses: list[float]) -> WatchedRun:
 
 
 def test_the_r_metric_candidate_withholds_a_fall_and_keeps_a_rise(candidate):
-    """After a noisy plateau, a loss drop far below its recent mean is the shipped R-Metric's alarm
-    and not the candidate's (the false alarm of Pre-LN 161); a rise as far above it is both rules'."""
+    """After a noisy plateau, a loss drop far below its recent mean is the |dL| rule's alarm and not
+    the rises-only rule's (the false alarm of Pre-LN 161); a rise as far above it is both rules'."""
     knob = candidate.KNOBS["r_rises_only"]
     plateau = [3.0 + 0.01 * ((7 * t) % 5) for t in range(40)]
-    fall = candidate.replay(r_run("control", [*plateau, 2.0, 2.0]), knob, True)
-    rise = candidate.replay(r_run("failing", [*plateau, 4.0, 4.0]), knob, True)
+    fall = candidate.replay(r_run("control", [*plateau, 2.0, 2.0]), knob, True, baseline=False)
+    rise = candidate.replay(r_run("failing", [*plateau, 4.0, 4.0]), knob, True, baseline=False)
     assert (fall["baseline"]["r_metric"], fall["candidate"]["r_metric"]) == (2000, None)
     assert rise["baseline"]["r_metric"] == rise["candidate"]["r_metric"] == 2000
+    shipped = candidate.r_metric_alarm
+    assert (shipped(r_run("control", [*plateau, 2.0, 2.0])), knob.shipped) == (None, True)  # the monitor's rule
     table = candidate.markdown([fall, rise], knob, False, True)
     assert "`r_metric` alarm: |dL| / rises only" in table and "| 2000 / - |" in table
 

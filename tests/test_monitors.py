@@ -356,17 +356,23 @@ def test_robust_r_metric_scores_the_gradient_variance_by_factors(burst, alarms):
 
 
 def test_r_metric_rescored_from_its_logged_components_alarms_where_it_did():
-    """``RMetric.score`` fed a run's logged r_* metrics gives the alarms ``check`` gave: what lets a
-    saved run be rescored after a change of the rule."""
+    """``RMetric.score`` fed a run's logged r_* metrics (and the sign of ``loss_change`` on its
+    losses) gives the alarms ``check`` gave: what lets a saved run be rescored after a change of the
+    rule. The loss falls back after its jump, which the rises-only rule must also withhold here."""
     model = nn.Linear(4, 4)
     watched, rescored = RMetric(model), RMetric(nn.Module())
-    logged, alarms = [], []
+    logged, losses, alarms = [], [], []
     for t in range(80):
         _gradient_variance(model, 1e-3 * (1 + t % 3) * (1e6 if t == 70 else 1))
-        metrics, alerts = watched.check(t, 3.0 + 0.01 * ((7 * t) % 5) + (2.0 if t == 70 else 0.0))
+        losses.append(3.0 + 0.01 * ((7 * t) % 5) + (2.0 if t == 70 else 0.0))
+        metrics, alerts = watched.check(t, losses[t])
         logged.append(metrics)
         alarms += [a.step for a in alerts]
-    again = [t for t, m in enumerate(logged) if rescored.score(t, {k: m[f"r_{k}"] for k in WEIGHTS})[1]]
+    again = [
+        t
+        for t, m in enumerate(logged)
+        if rescored.score(t, {k: m[f"r_{k}"] for k in WEIGHTS}, fell=rescored.loss_change(losses[t]) < 0)[1]
+    ]
     assert 70 in alarms and again == alarms
 
 
@@ -385,6 +391,35 @@ def test_r_metric_rises_only_withholds_a_fall_and_keeps_a_rise(sign, shipped, ri
     level = statistics.fmean(metrics[False].losses) + sign * jump
     assert [bool(metrics[rule].check(40, level)[1]) for rule in (False, True)] == [shipped, rises_only]
     assert metrics[False].drift["dloss"].history == metrics[True].drift["dloss"].history  # one scale
+
+
+def test_r_metric_scores_rises_only_by_default_and_as_the_paper_when_published():
+    """Shipped from seeds 168 on: the robust rule withholds a fall, the published one is the paper's
+    |dL|; an explicit choice overrides either."""
+    model = nn.Linear(4, 4)
+    assert RMetric(model).rises_only and not RMetric(model, variant="published").rises_only
+    assert not RMetric(model, rises_only=False).rises_only
+    assert RMetric(model, variant="published", rises_only=True).rises_only
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_r_metric_rises_only_can_only_remove_alarms(seed):
+    """Zeroing a fall's loss term lowers R at that check and leaves every history as it was, so the
+    rises-only rule alarms at a subset of the |dL| rule's checks: what lets the README count the
+    controls the |dL| rule left quiet as quiet under it too."""
+    gen = torch.Generator().manual_seed(seed)
+    jumps = torch.randint(-1, 2, (300,), generator=gen) * (torch.rand(300, generator=gen) < 0.1)  # up or down
+    losses = (3.0 + 0.05 * torch.randn(300, generator=gen) + 1.5 * jumps).tolist()
+    sigma2 = torch.exp(torch.randn(300, generator=gen)).tolist()
+    alarms = {}
+    for rule in (False, True):
+        metric = RMetric(nn.Module(), rises_only=rule)
+        alarms[rule] = set()
+        for t, (loss, s2) in enumerate(zip(losses, sigma2, strict=True)):
+            change = metric.loss_change(loss)
+            if metric.score(t, {"lambda": 0.0, "sigma2": s2, "dloss": abs(change)}, fell=change < 0)[1]:
+                alarms[rule].add(t)
+    assert alarms[False] and alarms[True] <= alarms[False] and alarms[True] != alarms[False]
 
 
 def test_r_metric_loss_change_is_the_term_check_logs_with_its_sign():
