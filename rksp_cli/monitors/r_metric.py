@@ -60,7 +60,7 @@ from torch import nn
 from rksp_cli.monitors.base import Alert, RobustDrift
 
 WEIGHTS = {"lambda": 0.10, "sigma2": 0.45, "dloss": 0.70}
-RISES_ONLY = {"robust": True, "published": False}  # the loss term scores only a rise (docstring)
+RISES_ONLY = {"robust": True, "published": False}  # per variant: does dL score only a rise? (docstring)
 THRESHOLD, WINDOW, Z_FULL, WARMUP_CHECKS = 0.57, 100, 12.0, 20
 STRAGGLER_FACTOR, STEP_WINDOW = 3.0, 50
 
