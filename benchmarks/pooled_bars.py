@@ -61,6 +61,7 @@ SETS = [
     ("monitors-matched-156-161.json", None),
     ("monitors-matched-162-167.json", None),
     ("monitors-matched-168-173.json", None),
+    ("monitors-matched-174-179.json", None),
 ]
 SUBLAYER_FROM = 60  # the first seed watched by all of today's monitors (sublayer_ratio, the newest)
 DETECTOR_NAMES = {cls.name for cls in DETECTORS}
