@@ -5,14 +5,16 @@ A rule change found on the runs it would fix cannot be judged on them. So a cand
 benchmarks/monitors-log.md before the seeds that judge it are run. This script replays those seeds'
 saved runs (benchmarks/results/monitors/) under a baseline rule and under the candidate, which
 differ in one knob (``KNOBS``): the sub-layer rule's minimum history (``--min-history``), the
-attention-logit rule's growth factor (``--logit-growth``) or whether the R-Metric's loss term
-scores a fall in the loss (``--r-rises-only``). It reports each control's alarm from
+attention-logit rule's growth factor (``--logit-growth``), whether the R-Metric's loss term
+scores a fall in the loss (``--r-rises-only``) or how many layers must breach at once for the
+attention-entropy rule to alarm (``--ae-corroborate``). It reports each control's alarm from
 that monitor and each failing run's first rksp alarm, lead and lead bar under both.
 
 Replay is exact because each rule reads only each check's logged values (``SublayerBurst``: the
 branches' ratios; ``growth_alarm``: the layers' largest logits; ``RMetric``: its three components,
-and the loss at the check, which every saved run keeps). Every other monitor's alarms are
-today's (``matched_detectors.monitor_alarms``). Seconds on one core.
+and the loss at the check, which every saved run keeps; ``UpdateConcentration``: the layers'
+QK-update entropies). Every other monitor's alarms are today's
+(``matched_detectors.monitor_alarms``). Seconds on one core.
 
 Judged so far: on 2026-11-27, after Pre-LN controls 86 and 88 alarmed at step 700, 16 checks of
 history for seeds 90 on against the 10 then shipped (``--baseline 10 --min-history 16``); shipped
@@ -24,9 +26,11 @@ rule replayed on 114-119 (``--logit-growth 3 --baseline 2.5``), where 2.5 drew a
 that 3 does not: 3 again from seeds 120 on. Stated for 162-167, after the R-Metric's false alarm
 on Pre-LN control 161 as its loss fell: a loss term that scores rises only
 (``--r-rises-only yes``); on 162-167 it moved nothing. Shipped from seeds 168 on (the robust
-variant's default); ``--r-rises-only no`` replays the former rule.
+variant's default); ``--r-rises-only no`` replays the former rule. Stated for 174-179, after
+Pre-LN control 172's one-layer dip: attention entropy corroborated by a second layer
+(``--ae-corroborate 2``).
 Run: python benchmarks/candidate_replay.py --seeds 90-95 (--min-history N | --logit-growth X |
---r-rises-only yes|no) [--baseline VALUE] [--out FILE]
+--r-rises-only yes|no | --ae-corroborate N) [--baseline VALUE] [--out FILE]
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from typing import Any
 from machine import cpu_model
 from matched_detectors import (
     RUNS,
+    attention_entropy_alarm,
     attention_logits_alarm,
     bar_met,
     clean_control,
@@ -56,6 +61,7 @@ from matched_detectors import (
 
 from rksp_cli.errors import InputError
 from rksp_cli.files import atomic_path, check_writable
+from rksp_cli.monitors.attention_entropy import CORROBORATE
 from rksp_cli.monitors.attention_logits import GROWTH
 from rksp_cli.monitors.failures import WatchedRun
 from rksp_cli.monitors.r_metric import RISES_ONLY
@@ -64,10 +70,13 @@ from rksp_cli.monitors.sublayer_ratio import MIN_HISTORY
 RULES = ("baseline", "candidate")
 
 
-def _checks(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise ValueError("a rule needs a whole number of checks of history, at least 1")
-    return int(text)
+def _whole(what: str) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        if not text.isdigit() or int(text) < 1:
+            raise ValueError(f"a rule needs a whole number of {what}, at least 1")
+        return int(text)
+
+    return parse
 
 
 def _growth(text: str) -> float:
@@ -103,7 +112,8 @@ class Knob:
 
 KNOBS = {
     "min_history": Knob(
-        "min_history", "sublayer_ratio", MIN_HISTORY, sublayer_ratio_alarm, _checks, "{} checks".format, ""
+        "min_history", "sublayer_ratio", MIN_HISTORY, sublayer_ratio_alarm, _whole("checks of history"),
+        "{} checks".format, "",
     ),
     "logit_growth": Knob(
         "logit_growth", "attention_logits", GROWTH, attention_logits_alarm, _growth, "growth {:g}".format,
@@ -112,6 +122,10 @@ KNOBS = {
     "r_rises_only": Knob(
         "r_rises_only", "r_metric", RISES_ONLY["robust"], r_metric_alarm, _yes_no,
         lambda rises: "rises only" if rises else "|dL|", "r-rises-only-",
+    ),
+    "ae_corroborate": Knob(
+        "ae_corroborate", "attention_entropy", CORROBORATE, attention_entropy_alarm, _whole("layers"),
+        "{} layer(s)".format, "ae-corroborate-",
     ),
 }  # fmt: skip
 
@@ -185,6 +199,9 @@ def main() -> None:
     rule.add_argument("--min-history", help=f"the candidate sub-layer rule's checks before a score ({MIN_HISTORY})")
     rule.add_argument("--logit-growth", help=f"the candidate attention-logit rule's growth factor ({GROWTH:g})")
     rule.add_argument("--r-rises-only", help="yes: the candidate R-Metric scores only a rise in the loss (no)")
+    rule.add_argument(
+        "--ae-corroborate", help=f"layers that must breach at once for attention entropy to alarm ({CORROBORATE})"
+    )
     parser.add_argument("--baseline", help="the baseline's value of the same knob (default: the shipped one)")
     parser.add_argument("--runs", type=Path, default=RUNS, help="folder of the saved runs")
     parser.add_argument("--out", type=Path, help="results JSON (default: results/monitors-candidate[-KNOB]-SEEDS.json)")

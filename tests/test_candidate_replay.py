@@ -157,6 +157,35 @@ def test_the_r_metric_candidate_withholds_a_fall_and_keeps_a_rise(candidate):
     assert "`r_metric` alarm: |dL| / rises only" in table and "| 2000 / - |" in table
 
 
+def entropy_run(kind: str, dips: dict[int, list[int]], checks: int = 70) -> WatchedRun:
+    """A run checked every 50 steps whose attention layers' QK-update entropies sit near 0.8 and fall
+    15% at the checks ``dips`` lists for a block."""
+    series = [
+        {
+            "step": 50 * t,
+            "metrics": {
+                f"qk_entropy_mean/blocks.{b}.attn": 0.68 if t in dips.get(b, ()) else 0.8 * (1 + 0.01 * ((7 * t) % 5))
+                for b in range(12)
+            },
+        }
+        for t in range(checks)
+    ]
+    return watched("post_ln_without_warmup", "attention_entropy", kind, series, 50 * checks, None)
+
+
+def test_the_entropy_candidate_withholds_a_lone_layer_and_keeps_a_joined_one(candidate):
+    """One block's three-check dip is the shipped rule's alarm and not the corroborated rule's (the
+    false alarm of Pre-LN 172); two blocks dipping together are both rules' alarm."""
+    knob = candidate.KNOBS["ae_corroborate"]
+    lone = candidate.replay(entropy_run("control", {3: [60, 61, 62]}), knob, 2)
+    both = candidate.replay(entropy_run("control", {3: [60, 61, 62], 4: [60, 61, 62]}), knob, 2)
+    assert (lone["baseline"]["attention_entropy"], lone["candidate"]["attention_entropy"]) == (3100, None)
+    assert both["baseline"]["attention_entropy"] == both["candidate"]["attention_entropy"] == 3100
+    assert knob.shipped == 1  # the monitor's rule until the candidate is judged
+    table = candidate.markdown([lone, both], knob, 1, 2)
+    assert "`attention_entropy` alarm: 1 layer(s) / 2 layer(s)" in table and "| 3100 / - |" in table
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -166,6 +195,7 @@ def test_the_r_metric_candidate_withholds_a_fall_and_keeps_a_rise(candidate):
         (["--logit-growth", "2.5", "--baseline", "x"], "--baseline x: a growth factor is a number above 1"),
         (["--min-history", "10", "--logit-growth", "2.5"], "not allowed with argument"),
         (["--r-rises-only", "maybe"], "--r-rises-only maybe: say yes or no"),
+        (["--ae-corroborate", "0"], "--ae-corroborate 0: a rule needs a whole number of layers"),
     ],
 )
 def test_bad_knob_values_are_one_line_and_exit_2(candidate, monkeypatch, capsys, args, message):

@@ -260,6 +260,55 @@ def test_attention_entropy_scores_only_layers_whose_updates_spread(level, alarms
     assert len(rule.alarms["layer"].drift.history) == WINDOW
 
 
+def entropy_dips(rule: UpdateConcentration, dips: dict[str, list[int]], checks: int = 70) -> list[tuple[int, str]]:
+    """(check, layer) of each alarm when each layer of ``rule`` sits on a noisy plateau of 0.8 and
+    falls 15% at the checks ``dips`` lists for it."""
+    alarms = []
+    for t in range(checks):
+        values = {name: 0.8 * (1 + 0.01 * ((7 * t + i) % 5)) for i, name in enumerate(rule.widths)}
+        values |= {name: 0.68 for name, at in dips.items() if t in at}
+        alarms += [(t, a.layer) for a in rule.judge(t, values) if a.level == "alarm"]
+    return alarms
+
+
+def test_attention_entropy_corroboration_withholds_a_lone_layer_s_dip():
+    """Asked for two layers, one layer's three-check dip stays a warning (the false alarms of Pre-LN
+    78 and 172) until a second layer breaches at the same check; with one layer asked, it alarms."""
+    widths = {"a": 64, "b": 64, "c": 64}
+    lone = {"a": [60, 61, 62, 63, 64]}
+    assert entropy_dips(UpdateConcentration(widths), lone) == [(62, "a"), (63, "a"), (64, "a")]
+    assert entropy_dips(UpdateConcentration(widths, corroborate=2), lone) == []
+    joined = lone | {"b": [64]}  # b's first breach corroborates a's running streak
+    assert entropy_dips(UpdateConcentration(widths, corroborate=2), joined) == [(64, "a")]
+    single = UpdateConcentration({"a": 64}, corroborate=2)  # no second layer to ask
+    assert entropy_dips(single, lone) == [(62, "a"), (63, "a"), (64, "a")]
+    with pytest.raises(ValueError, match="at least 1"):
+        UpdateConcentration(widths, corroborate=0)
+
+
+def test_corroborated_alarms_are_a_subset_of_single_layer_alarms():
+    """Corroboration can only withhold alarms: on random entropy sequences every alarm it raises is
+    one the single-layer rule raises at the same check."""
+    generator = torch.Generator().manual_seed(0)
+    widths = {f"layer{i}": 64 for i in range(4)}
+    withheld = kept = 0
+    for _ in range(30):
+        values = 0.8 + 0.02 * torch.randn(100, len(widths), generator=generator)
+        for layer, (start, length) in enumerate(torch.randint(0, 6, (len(widths), 2), generator=generator).tolist()):
+            values[70 + 3 * start : 70 + 3 * start + length, layer] -= 0.15  # 0-5 checks, overlapping or not
+        checks = [
+            (t, {f"qk_entropy_mean/{n}": float(v) for n, v in zip(widths, row, strict=True)})
+            for t, row in enumerate(values)
+        ]
+        single, paired = (
+            {(a.step, a.layer) for a in UpdateConcentration(widths, k).rescore(checks) if a.level == "alarm"}
+            for k in (1, 2)
+        )
+        assert paired <= single
+        withheld, kept = withheld + len(single - paired), kept + len(paired)
+    assert withheld and kept  # both cases occurred: the property was tested, not met vacuously
+
+
 def test_attention_entropy_rescores_a_logged_run_exactly():
     """A run's logged per-layer entropies, fed back to the rule, give the alerts the monitor raised."""
     torch.manual_seed(0)

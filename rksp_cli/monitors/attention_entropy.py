@@ -38,6 +38,13 @@ is not watched by this monitor. Chosen in-sample on seeds 0-53 (the rule reads o
 entropies, so saved runs rescore exactly) before any run of seeds 54-59 was scored; those are its
 held-out check (README).
 
+``corroborate`` (a candidate, off by default: ``CORROBORATE`` = 1): a layer's streak alarms only at a
+check where at least that many watched layers breach, else it stays a warning. Why (issue 16): both
+held-out Pre-LN false alarms of this monitor (seeds 78 and 172) were one layer's dip with every
+other layer quiet, while a failure's coherent error reaches neighbouring layers. Stated on seeds
+132-173 and judged on 174-179 by replay (benchmarks/candidate_replay.py) before it can ship. A model
+with fewer watched layers asks all of them.
+
 Cost per check: copying W_Q and W_K, per head two float64 Gram products of d x 2 d_k matrices on the
 weights' device, O(d d_k^2), and on the CPU a Cholesky and a symmetric eigenvalue problem of size 2 d_k.
 Memory: one copy of every layer's W_Q and W_K per check in the window. Why Grams, not the thin QRs
@@ -54,7 +61,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -65,6 +72,7 @@ WINDOW = 40  # checks of history the robust z is scored against
 Z = 5.0  # robust sd of a drop that counts as a breach
 BURN_IN = 10  # first values per layer left out of the history: early training is not a baseline
 SPREAD = 4.0  # effective directions a layer's updates must usually spread over for a drop to count
+CORROBORATE = 1  # layers that must breach at one check for a streak to alarm (2: the candidate)
 
 
 @dataclass
@@ -182,8 +190,11 @@ class UpdateConcentration:
     against the layer's own history. It reads nothing else, so a logged run's ``qk_entropy_mean/*``
     metrics, fed back check by check with the layers' ``spectrum_widths``, rescore it exactly."""
 
-    def __init__(self, widths: Mapping[str, int]) -> None:
+    def __init__(self, widths: Mapping[str, int], corroborate: int = CORROBORATE) -> None:
+        if corroborate < 1:
+            raise ValueError(f"corroborate counts layers, at least 1; got {corroborate}")
         self.widths = dict(widths)
+        self.corroborate = min(corroborate, len(self.widths))
         self.alarms = {
             name: DriftAlarm(
                 AttentionSpectralEntropy.name,
@@ -197,7 +208,8 @@ class UpdateConcentration:
         }
 
     def score(self, step: int, layer: str, entropy: float) -> Alert | None:
-        """The layer's alert at this check, if any; its history takes the value either way."""
+        """The layer's alert at this check, if any, before corroboration; its history takes the
+        value either way."""
         alarm = self.alarms[layer]
         baseline = alarm.drift.baseline()
         alert = alarm.update(step, layer, entropy)
@@ -205,26 +217,33 @@ class UpdateConcentration:
             return None  # updates already confined to a few directions: nothing left to concentrate
         return alert
 
+    def judge(self, step: int, entropies: Mapping[str, float]) -> list[Alert]:
+        """One check's alerts over the layers measured at it: a streak's alarm stands only when
+        ``corroborate`` layers breach at this check, and is otherwise reported as a warning."""
+        alerts = [alert for layer, entropy in entropies.items() if (alert := self.score(step, layer, entropy))]
+        if len(alerts) >= self.corroborate:
+            return alerts
+        alone = f", alone: fewer than {self.corroborate} layers breach"
+        return [replace(a, level="warning", reason=a.reason + alone) if a.level == "alarm" else a for a in alerts]
+
     def rescore(self, checks: Iterable[tuple[int, Mapping[str, float]]]) -> list[Alert]:
         """The alerts of a logged run's checks, (step, metrics) in order, under this rule."""
         alerts = []
         for step, metrics in checks:
-            for layer in self.widths:
-                entropy = metrics.get(f"qk_entropy_mean/{layer}")
-                if entropy is not None and (alert := self.score(step, layer, entropy)):
-                    alerts.append(alert)
+            entropies = {layer: metrics[key] for layer in self.widths if (key := f"qk_entropy_mean/{layer}") in metrics}
+            alerts += self.judge(step, entropies)
         return alerts
 
 
 class AttentionSpectralEntropy:
     name = "attention_entropy"
 
-    def __init__(self, sites: list[QKSite], lag_checks: int = 4):
+    def __init__(self, sites: list[QKSite], lag_checks: int = 4, corroborate: int = CORROBORATE):
         if not sites:
             raise ValueError("attention spectral entropy found no W_Q / W_K pairs")
         self.sites = sites
         self.snapshots: deque[list[tuple[torch.Tensor, torch.Tensor]]] = deque(maxlen=lag_checks + 1)
-        self.rule = UpdateConcentration(spectrum_widths(sites))
+        self.rule = UpdateConcentration(spectrum_widths(sites), corroborate)
 
     def restored(self) -> None:
         """The weights were set back to an earlier state (a guard's rollback). A difference across
@@ -243,12 +262,9 @@ class AttentionSpectralEntropy:
             return {}, []
         base = self.snapshots[0]
         metrics: dict[str, float] = {}
-        alerts: list[Alert] = []
+        means: dict[str, float] = {}
         for site, (q0, k0), (q1, k1) in zip(self.sites, base, now, strict=True):
             h = delta2_entropy(q0, k0, q1, k1, site.n_heads, site.n_kv_heads)
-            mean = float(h.mean())
-            metrics[f"qk_entropy_mean/{site.name}"] = mean
+            means[site.name] = metrics[f"qk_entropy_mean/{site.name}"] = float(h.mean())
             metrics[f"qk_entropy_min/{site.name}"] = float(h.min())
-            if alert := self.rule.score(step, site.name, mean):
-                alerts.append(alert)
-        return metrics, alerts
+        return metrics, self.rule.judge(step, means)
