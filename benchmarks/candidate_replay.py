@@ -22,13 +22,14 @@ after 90-95 (``MIN_HISTORY`` 16); the former rule replayed on 96-101, 102-107 an
 first seeds under the new one (``--baseline 16 --min-history 10``). Stated for 108-113, after
 low-precision seed 105's late alarm: the attention-logit rule at growth 2.5 against the 3 then
 shipped (``--baseline 3 --logit-growth 2.5``); shipped after 108-113 (``GROWTH`` 2.5), the former
-rule replayed on 114-119 (``--logit-growth 3 --baseline 2.5``), where 2.5 drew a false alarm
-that 3 does not: 3 again from seeds 120 on. Stated for 162-167, after the R-Metric's false alarm
-on Pre-LN control 161 as its loss fell: a loss term that scores rises only
-(``--r-rises-only yes``); on 162-167 it moved nothing. Shipped from seeds 168 on (the robust
-variant's default); ``--r-rises-only no`` replays the former rule. Stated for 174-179, after
-Pre-LN control 172's one-layer dip: attention entropy corroborated by a second layer
-(``--ae-corroborate 2``).
+rule replayed on 114-119 (``--logit-growth 3 --baseline 2.5``), where 2.5 drew a false alarm that 3
+does not: 3 again from seeds 120 on. Stated for 162-167, after the R-Metric's false alarm on Pre-LN
+control 161 as its loss fell: a loss term that scores rises only (``--r-rises-only yes``); on
+162-167 it moved nothing. Shipped from seeds 168 on (the robust variant's default);
+``--r-rises-only no`` replays the former rule. Stated for 174-179, after Pre-LN control 172's
+one-layer dip: attention entropy corroborated by a second layer (``--ae-corroborate 2``); there it
+removed Pre-LN 175's alarm and moved no failing run, but it is not shipped, since it silences the
+monitor on a fault confined to one layer (benchmarks/monitors-heldout.md).
 Run: python benchmarks/candidate_replay.py --seeds 90-95 (--min-history N | --logit-growth X |
 --r-rises-only yes|no | --ae-corroborate N) [--baseline VALUE] [--out FILE]
 """

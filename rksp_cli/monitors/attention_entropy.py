@@ -38,12 +38,15 @@ is not watched by this monitor. Chosen in-sample on seeds 0-53 (the rule reads o
 entropies, so saved runs rescore exactly) before any run of seeds 54-59 was scored; those are its
 held-out check (README).
 
-``corroborate`` (a candidate, off by default: ``CORROBORATE`` = 1): a layer's streak alarms only at a
-check where at least that many watched layers breach, else it stays a warning. Why (issue 16): both
-held-out Pre-LN false alarms of this monitor (seeds 78 and 172) were one layer's dip with every
-other layer quiet, while a failure's coherent error reaches neighbouring layers. Stated on seeds
-132-173 and judged on 174-179 by replay (benchmarks/candidate_replay.py) before it can ship. A model
-with fewer watched layers asks all of them.
+``corroborate`` (a candidate, off by default: ``CORROBORATE`` = 1): a layer's streak alarms only at
+a check where at least that many watched layers breach, else it stays a warning. Why (issue 16):
+the held-out Pre-LN false alarms of this monitor on seeds 172 and 175 were one layer's fall with
+every other layer quiet (for seed 78 the other layers were not recorded), while a failure's
+coherent error reaches neighbouring layers. Stated on seeds 132-173 and judged on 174-179 by replay
+(benchmarks/candidate_replay.py): there it removed the one control alarm (Pre-LN 175) and moved no
+failing run's first alarm. Not shipped: the fault harness's gradient corruption reaches block 0
+alone, and under the candidate this monitor no longer alarms on that fault. A model with fewer
+watched layers asks all of them.
 
 Cost per check: copying W_Q and W_K, per head two float64 Gram products of d x 2 d_k matrices on the
 weights' device, O(d d_k^2), and on the CPU a Cholesky and a symmetric eigenvalue problem of size 2 d_k.
