@@ -181,7 +181,7 @@ def test_the_entropy_candidate_withholds_a_lone_layer_and_keeps_a_joined_one(can
     both = candidate.replay(entropy_run("control", {3: [60, 61, 62], 4: [60, 61, 62]}), knob, 2)
     assert (lone["baseline"]["attention_entropy"], lone["candidate"]["attention_entropy"]) == (3100, None)
     assert both["baseline"]["attention_entropy"] == both["candidate"]["attention_entropy"] == 3100
-    assert knob.shipped == 1  # the monitor's rule until the candidate is judged
+    assert knob.shipped == 1  # judged on 174-179 and not shipped: the monitor's rule is one layer
     table = candidate.markdown([lone, both], knob, 1, 2)
     assert "`attention_entropy` alarm: 1 layer(s) / 2 layer(s)" in table and "| 3100 / - |" in table
 

@@ -273,7 +273,7 @@ def entropy_dips(rule: UpdateConcentration, dips: dict[str, list[int]], checks: 
 
 def test_attention_entropy_corroboration_withholds_a_lone_layer_s_dip():
     """Asked for two layers, one layer's three-check dip stays a warning (the false alarms of Pre-LN
-    78 and 172) until a second layer breaches at the same check; with one layer asked, it alarms."""
+    172 and 175) until a second layer breaches at the same check; with one layer asked, it alarms."""
     widths = {"a": 64, "b": 64, "c": 64}
     lone = {"a": [60, 61, 62, 63, 64]}
     assert entropy_dips(UpdateConcentration(widths), lone) == [(62, "a"), (63, "a"), (64, "a")]
