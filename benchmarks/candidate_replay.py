@@ -6,8 +6,9 @@ benchmarks/monitors-log.md before the seeds that judge it are run. This script r
 saved runs (benchmarks/results/monitors/) under a baseline rule and under the candidate, which
 differ in one knob (``KNOBS``): the sub-layer rule's minimum history (``--min-history``), the
 attention-logit rule's growth factor (``--logit-growth``), whether the R-Metric's loss term
-scores a fall in the loss (``--r-rises-only``) or how many layers must breach at once for the
-attention-entropy rule to alarm (``--ae-corroborate``). It reports each control's alarm from
+scores a fall in the loss (``--r-rises-only``) how many layers must breach at once for the
+attention-entropy rule to alarm (``--ae-corroborate``), or how far one layer must fall to alarm
+without a second (``--ae-alone-fall``). It reports each control's alarm from
 that monitor and each failing run's first rksp alarm, lead and lead bar under both.
 
 Replay is exact because each rule reads only each check's logged values (``SublayerBurst``: the
@@ -29,9 +30,11 @@ control 161 as its loss fell: a loss term that scores rises only (``--r-rises-on
 ``--r-rises-only no`` replays the former rule. Stated for 174-179, after Pre-LN control 172's
 one-layer dip: attention entropy corroborated by a second layer (``--ae-corroborate 2``); there it
 removed Pre-LN 175's alarm and moved no failing run, but it is not shipped, since it silences the
-monitor on a fault confined to one layer (benchmarks/monitors-heldout.md).
+monitor on a fault confined to one layer (benchmarks/monitors-heldout.md). Stated for 180-185:
+the same rule, except that a lone layer that fell 10% or more below its median alarms anyway
+(``--ae-alone-fall 0.1``; baseline 0, where every lone alarm stands: the shipped rule).
 Run: python benchmarks/candidate_replay.py --seeds 90-95 (--min-history N | --logit-growth X |
---r-rises-only yes|no | --ae-corroborate N) [--baseline VALUE] [--out FILE]
+--r-rises-only yes|no | --ae-corroborate N | --ae-alone-fall X) [--baseline VALUE] [--out FILE]
 """
 
 from __future__ import annotations
@@ -90,6 +93,22 @@ def _growth(text: str) -> float:
     return value
 
 
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value <= 1:
+        raise ValueError("a fall is a fraction of the median, from 0 to 1")
+    return value
+
+
+def _alone_or_paired(run: WatchedRun, alone_fall: float) -> int | None:
+    """Attention entropy asking a second layer unless a lone layer fell ``alone_fall`` below its
+    median: at 0 every lone alarm stands, which is the shipped one-layer rule."""
+    return attention_entropy_alarm(run, corroborate=2, alone_fall=alone_fall)
+
+
 def _yes_no(text: str) -> bool:
     if text not in ("yes", "no"):
         raise ValueError("say yes or no")
@@ -127,6 +146,10 @@ KNOBS = {
     "ae_corroborate": Knob(
         "ae_corroborate", "attention_entropy", CORROBORATE, attention_entropy_alarm, _whole("layers"),
         "{} layer(s)".format, "ae-corroborate-",
+    ),
+    "ae_alone_fall": Knob(
+        "ae_alone_fall", "attention_entropy", 0.0, _alone_or_paired, _fraction, "alone at {:.0%}".format,
+        "ae-alone-fall-",
     ),
 }  # fmt: skip
 
@@ -202,6 +225,10 @@ def main() -> None:
     rule.add_argument("--r-rises-only", help="yes: the candidate R-Metric scores only a rise in the loss (no)")
     rule.add_argument(
         "--ae-corroborate", help=f"layers that must breach at once for attention entropy to alarm ({CORROBORATE})"
+    )
+    rule.add_argument(
+        "--ae-alone-fall",
+        help="fall below its median at which one layer's attention-entropy alarm needs no second layer (0: shipped)",
     )
     parser.add_argument("--baseline", help="the baseline's value of the same knob (default: the shipped one)")
     parser.add_argument("--runs", type=Path, default=RUNS, help="folder of the saved runs")

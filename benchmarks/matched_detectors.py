@@ -52,7 +52,13 @@ from torch import nn
 from rksp_cli.errors import InputError
 from rksp_cli.files import atomic_path, check_writable
 from rksp_cli.models.gpt import GPT
-from rksp_cli.monitors.attention_entropy import CORROBORATE, UpdateConcentration, find_attention, spectrum_widths
+from rksp_cli.monitors.attention_entropy import (
+    ALONE_FALL,
+    CORROBORATE,
+    UpdateConcentration,
+    find_attention,
+    spectrum_widths,
+)
 from rksp_cli.monitors.attention_logits import GROWTH, PREFIX, growth_alarm
 from rksp_cli.monitors.failures import FAILURES, GPU_FAILURES, WatchedRun, by_kind, monitor_code
 from rksp_cli.monitors.r_metric import WEIGHTS, RMetric
@@ -153,13 +159,15 @@ def _first_alarm(rule: SignCollapse | UpdateConcentration | SublayerBurst, run: 
     return first_of(a.step for a in rule.rescore((c["step"], c["metrics"]) for c in run.series) if a.level == "alarm")
 
 
-def attention_entropy_alarm(run: WatchedRun, corroborate: int = CORROBORATE) -> int | None:
+def attention_entropy_alarm(
+    run: WatchedRun, corroborate: int = CORROBORATE, alone_fall: float = ALONE_FALL
+) -> int | None:
     """Today's attention entropy's first alarm on a saved run, rescored from its logged per-layer
     entropies (``UpdateConcentration``: exact, since the rule reads nothing else); with
-    ``corroborate``, the rule asking that many layers to breach at the alarm's check (a candidate:
-    benchmarks/candidate_replay.py)."""
+    ``corroborate`` and ``alone_fall``, the rule asking that many layers to breach at the alarm's
+    check unless its layer fell that far (candidates: benchmarks/candidate_replay.py)."""
     widths = spectrum_widths(find_attention(_model(run.failure, run.kind)))
-    return _first_alarm(UpdateConcentration(widths, corroborate), run)
+    return _first_alarm(UpdateConcentration(widths, corroborate, alone_fall), run)
 
 
 def spectral_alignment_alarm(run: WatchedRun) -> int | None:

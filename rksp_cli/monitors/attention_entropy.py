@@ -48,6 +48,12 @@ failing run's first alarm. Not shipped: the fault harness's gradient corruption 
 alone, and under the candidate this monitor no longer alarms on that fault. A model with fewer
 watched layers asks all of them.
 
+``alone_fall`` (a second candidate, stated after that verdict and before seeds 180-185): a lone
+layer's alarm also stands when its entropy lies at least that fraction below its median. The two
+control dips fell 7.5% and 8.9%; the fault harness's stuck gradient falls 86% at its first alarm,
+and attention precision's one-block alarm 9.9-13% (benchmarks/monitors-log.md). Off unless
+``corroborate`` asks for more than one layer (``ALONE_FALL`` is infinite: no fall stands alone).
+
 Cost per check: copying W_Q and W_K, per head two float64 Gram products of d x 2 d_k matrices on the
 weights' device, O(d d_k^2), and on the CPU a Cholesky and a symmetric eigenvalue problem of size 2 d_k.
 Memory: one copy of every layer's W_Q and W_K per check in the window. Why Grams, not the thin QRs
@@ -76,6 +82,7 @@ Z = 5.0  # robust sd of a drop that counts as a breach
 BURN_IN = 10  # first values per layer left out of the history: early training is not a baseline
 SPREAD = 4.0  # effective directions a layer's updates must usually spread over for a drop to count
 CORROBORATE = 1  # layers that must breach at one check for a streak to alarm (2: the candidate)
+ALONE_FALL = math.inf  # fall below its median at which a lone layer's alarm stands anyway (0.1: the candidate)
 
 
 @dataclass
@@ -193,11 +200,16 @@ class UpdateConcentration:
     against the layer's own history. It reads nothing else, so a logged run's ``qk_entropy_mean/*``
     metrics, fed back check by check with the layers' ``spectrum_widths``, rescore it exactly."""
 
-    def __init__(self, widths: Mapping[str, int], corroborate: int = CORROBORATE) -> None:
+    def __init__(
+        self, widths: Mapping[str, int], corroborate: int = CORROBORATE, alone_fall: float = ALONE_FALL
+    ) -> None:
         if corroborate < 1:
             raise ValueError(f"corroborate counts layers, at least 1; got {corroborate}")
+        if not alone_fall >= 0:
+            raise ValueError(f"alone_fall is a fraction of the median, at least 0; got {alone_fall}")
         self.widths = dict(widths)
         self.corroborate = min(corroborate, len(self.widths))
+        self.alone_fall = alone_fall
         self.alarms = {
             name: DriftAlarm(
                 AttentionSpectralEntropy.name,
@@ -221,13 +233,23 @@ class UpdateConcentration:
         return alert
 
     def judge(self, step: int, entropies: Mapping[str, float]) -> list[Alert]:
-        """One check's alerts over the layers measured at it: a streak's alarm stands only when
-        ``corroborate`` layers breach at this check, and is otherwise reported as a warning."""
-        alerts = [alert for layer, entropy in entropies.items() if (alert := self.score(step, layer, entropy))]
-        if len(alerts) >= self.corroborate:
-            return alerts
+        """One check's alerts over the layers measured at it: a streak's alarm stands when
+        ``corroborate`` layers breach at this check or its layer fell ``alone_fall`` or more below
+        its median, and is otherwise reported as a warning."""
+        breaches = []
+        for layer, entropy in entropies.items():
+            median = self.alarms[layer].drift.baseline()
+            if (alert := self.score(step, layer, entropy)) and median is not None:  # a breach always has one
+                breaches.append((alert, 1 - entropy / median))
+        if len(breaches) >= self.corroborate:
+            return [alert for alert, _ in breaches]
         alone = f", alone: fewer than {self.corroborate} layers breach"
-        return [replace(a, level="warning", reason=a.reason + alone) if a.level == "alarm" else a for a in alerts]
+        if math.isfinite(self.alone_fall):
+            alone += f" and it fell less than {self.alone_fall:.0%}"
+        return [
+            replace(a, level="warning", reason=a.reason + alone) if a.level == "alarm" and fall < self.alone_fall else a
+            for a, fall in breaches
+        ]
 
     def rescore(self, checks: Iterable[tuple[int, Mapping[str, float]]]) -> list[Alert]:
         """The alerts of a logged run's checks, (step, metrics) in order, under this rule."""
@@ -241,12 +263,14 @@ class UpdateConcentration:
 class AttentionSpectralEntropy:
     name = "attention_entropy"
 
-    def __init__(self, sites: list[QKSite], lag_checks: int = 4, corroborate: int = CORROBORATE):
+    def __init__(
+        self, sites: list[QKSite], lag_checks: int = 4, corroborate: int = CORROBORATE, alone_fall: float = ALONE_FALL
+    ):
         if not sites:
             raise ValueError("attention spectral entropy found no W_Q / W_K pairs")
         self.sites = sites
         self.snapshots: deque[list[tuple[torch.Tensor, torch.Tensor]]] = deque(maxlen=lag_checks + 1)
-        self.rule = UpdateConcentration(spectrum_widths(sites), corroborate)
+        self.rule = UpdateConcentration(spectrum_widths(sites), corroborate, alone_fall)
 
     def restored(self) -> None:
         """The weights were set back to an earlier state (a guard's rollback). A difference across
