@@ -186,6 +186,19 @@ def test_the_entropy_candidate_withholds_a_lone_layer_and_keeps_a_joined_one(can
     assert "`attention_entropy` alarm: 1 layer(s) / 2 layer(s)" in table and "| 3100 / - |" in table
 
 
+def test_the_alone_fall_candidate_lets_only_a_deep_lone_fall_alarm(candidate):
+    """At a 10% fall a lone block's 15% dip alarms as under the shipped rule; at 20% it waits for
+    a second block. The baseline, 0, is the shipped rule itself."""
+    knob = candidate.KNOBS["ae_alone_fall"]
+    lone = entropy_run("control", {3: [60, 61, 62]})
+    assert candidate.attention_entropy_alarm(lone) == 3100  # the shipped rule
+    deep, shallow = (candidate.replay(lone, knob, fall) for fall in (0.1, 0.2))
+    assert deep["baseline"]["attention_entropy"] == deep["candidate"]["attention_entropy"] == 3100
+    assert (shallow["baseline"]["attention_entropy"], shallow["candidate"]["attention_entropy"]) == (3100, None)
+    assert knob.shipped == 0.0
+    assert "`attention_entropy` alarm: alone at 0% / alone at 20%" in candidate.markdown([shallow], knob, 0.0, 0.2)
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -196,6 +209,8 @@ def test_the_entropy_candidate_withholds_a_lone_layer_and_keeps_a_joined_one(can
         (["--min-history", "10", "--logit-growth", "2.5"], "not allowed with argument"),
         (["--r-rises-only", "maybe"], "--r-rises-only maybe: say yes or no"),
         (["--ae-corroborate", "0"], "--ae-corroborate 0: a rule needs a whole number of layers"),
+        (["--ae-alone-fall", "1.5"], "--ae-alone-fall 1.5: a fall is a fraction of the median, from 0 to 1"),
+        (["--ae-alone-fall", "x"], "--ae-alone-fall x: a fall is a fraction of the median, from 0 to 1"),
     ],
 )
 def test_bad_knob_values_are_one_line_and_exit_2(candidate, monkeypatch, capsys, args, message):

@@ -21,7 +21,7 @@ from rksp_cli.monitors.attention_entropy import (
     find_attention,
     spectral_entropy,
 )
-from rksp_cli.monitors.base import MAD_TO_SIGMA, DriftAlarm, RobustDrift
+from rksp_cli.monitors.base import MAD_TO_SIGMA, Alert, DriftAlarm, RobustDrift
 from rksp_cli.monitors.faults import FaultJob, run_fault
 from rksp_cli.monitors.r_metric import WEIGHTS, RMetric
 from rksp_cli.monitors.router import ENTROPY_DROP, router_stats
@@ -260,15 +260,20 @@ def test_attention_entropy_scores_only_layers_whose_updates_spread(level, alarms
     assert len(rule.alarms["layer"].drift.history) == WINDOW
 
 
-def entropy_dips(rule: UpdateConcentration, dips: dict[str, list[int]], checks: int = 70) -> list[tuple[int, str]]:
-    """(check, layer) of each alarm when each layer of ``rule`` sits on a noisy plateau of 0.8 and
-    falls 15% at the checks ``dips`` lists for it."""
-    alarms = []
+def entropy_alerts(rule: UpdateConcentration, dips: dict[str, list[int]], checks: int = 70) -> list[Alert]:
+    """``rule``'s alerts when each of its layers sits on a noisy plateau of 0.8 and falls 15% at the
+    checks ``dips`` lists for it."""
+    alerts = []
     for t in range(checks):
         values = {name: 0.8 * (1 + 0.01 * ((7 * t + i) % 5)) for i, name in enumerate(rule.widths)}
         values |= {name: 0.68 for name, at in dips.items() if t in at}
-        alarms += [(t, a.layer) for a in rule.judge(t, values) if a.level == "alarm"]
-    return alarms
+        alerts += rule.judge(t, values)
+    return alerts
+
+
+def entropy_dips(rule: UpdateConcentration, dips: dict[str, list[int]], checks: int = 70) -> list[tuple[int, str]]:
+    """(check, layer) of each alarm in ``entropy_alerts``."""
+    return [(a.step, a.layer) for a in entropy_alerts(rule, dips, checks) if a.level == "alarm"]
 
 
 def test_attention_entropy_corroboration_withholds_a_lone_layer_s_dip():
@@ -286,12 +291,26 @@ def test_attention_entropy_corroboration_withholds_a_lone_layer_s_dip():
         UpdateConcentration(widths, corroborate=0)
 
 
+def test_a_lone_layer_s_large_fall_alarms_without_a_second_layer():
+    """With ``alone_fall`` a lone layer's dip alarms when it is that deep (the stuck gradient's 86%
+    in the fault harness) and stays a warning when shallower (the 7.5-8.9% control dips)."""
+    widths = {"a": 64, "b": 64, "c": 64}
+    lone = {"a": [60, 61, 62, 63, 64]}  # a 15% fall
+    assert entropy_dips(UpdateConcentration(widths, 2, alone_fall=0.1), lone) == [(62, "a"), (63, "a"), (64, "a")]
+    withheld = entropy_alerts(UpdateConcentration(widths, 2, alone_fall=0.2), lone)
+    assert [a.level for a in withheld] == ["warning"] * 5
+    assert withheld[-1].reason.endswith("alone: fewer than 2 layers breach and it fell less than 20%")
+    with pytest.raises(ValueError, match="at least 0"):
+        UpdateConcentration(widths, 2, alone_fall=-0.1)
+
+
 def test_corroborated_alarms_are_a_subset_of_single_layer_alarms():
     """Corroboration can only withhold alarms: on random entropy sequences every alarm it raises is
-    one the single-layer rule raises at the same check."""
+    one the single-layer rule raises at the same check; letting a lone layer's deep fall alarm
+    restores some of them and nothing else, and at a fall of 0 every one (the replay's baseline)."""
     generator = torch.Generator().manual_seed(0)
     widths = {f"layer{i}": 64 for i in range(4)}
-    withheld = kept = 0
+    withheld = kept = restored = 0
     for _ in range(30):
         values = 0.8 + 0.02 * torch.randn(100, len(widths), generator=generator)
         for layer, (start, length) in enumerate(torch.randint(0, 6, (len(widths), 2), generator=generator).tolist()):
@@ -300,13 +319,14 @@ def test_corroborated_alarms_are_a_subset_of_single_layer_alarms():
             (t, {f"qk_entropy_mean/{n}": float(v) for n, v in zip(widths, row, strict=True)})
             for t, row in enumerate(values)
         ]
-        single, paired = (
-            {(a.step, a.layer) for a in UpdateConcentration(widths, k).rescore(checks) if a.level == "alarm"}
-            for k in (1, 2)
+        single, paired, deep, any_fall = (
+            {(a.step, a.layer) for a in UpdateConcentration(widths, k, fall).rescore(checks) if a.level == "alarm"}
+            for k, fall in ((1, math.inf), (2, math.inf), (2, 0.18), (2, 0.0))
         )
-        assert paired <= single
+        assert paired <= deep <= single == any_fall
         withheld, kept = withheld + len(single - paired), kept + len(paired)
-    assert withheld and kept  # both cases occurred: the property was tested, not met vacuously
+        restored += len(deep - paired)
+    assert withheld and kept and restored  # each case occurred: the property was tested, not met vacuously
 
 
 def test_attention_entropy_rescores_a_logged_run_exactly():
@@ -626,7 +646,6 @@ def test_trainer_callback_backs_off_the_lr_through_the_trainer_s_scheduler_up_to
     from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
 
     from rksp_cli.hf_trainer import attach_monitor
-    from rksp_cli.monitors.base import Alert
 
     real = Monitor.step
     monkeypatch.setattr(Monitor, "step", lambda self, step, loss=None: real(self, step, loss) + (
