@@ -83,22 +83,22 @@ def _whole(what: str) -> Callable[[str], int]:
     return parse
 
 
-def _growth(text: str) -> float:
+def _number(text: str) -> float:
+    """The text's value, or NaN, which every range check below rejects."""
     try:
-        value = float(text)
+        return float(text)
     except ValueError:
-        value = float("nan")
-    if not value > 1:
+        return float("nan")
+
+
+def _growth(text: str) -> float:
+    if not (value := _number(text)) > 1:
         raise ValueError("a growth factor is a number above 1")
     return value
 
 
 def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 0 <= value <= 1:
+    if not 0 <= (value := _number(text)) <= 1:
         raise ValueError("a fall is a fraction of the median, from 0 to 1")
     return value
 
