@@ -101,7 +101,7 @@ bench-monitors-matched: install
 # its horizon trained on to 10,000 steps without monitors (about 19 minutes each, two at a time),
 # then the bars, and the races rksp lost to a detector, pooled over every held-out set.
 # Resumable: each run is saved as it finishes.
-HELD_OUT ?= 180
+HELD_OUT ?= 186
 HELD_OUT_SEEDS = $(HELD_OUT)-$(shell echo $$(($(HELD_OUT) + 5)))
 bench-monitors-heldout: install
 	$(BIN)/python benchmarks/monitors.py --failures post_ln_without_warmup --first-seed $(HELD_OUT) \

@@ -30,9 +30,12 @@ control 161 as its loss fell: a loss term that scores rises only (``--r-rises-on
 ``--r-rises-only no`` replays the former rule. Stated for 174-179, after Pre-LN control 172's
 one-layer dip: attention entropy corroborated by a second layer (``--ae-corroborate 2``); there it
 removed Pre-LN 175's alarm and moved no failing run, but it is not shipped, since it silences the
-monitor on a fault confined to one layer (benchmarks/monitors-heldout.md). Stated for 180-185:
-the same rule, except that a lone layer that fell 10% or more below its median alarms anyway
-(``--ae-alone-fall 0.1``; baseline 0, where every lone alarm stands: the shipped rule).
+monitor on a fault confined to one layer (benchmarks/monitors-heldout.md); replayed with
+``--ae-corroborate 2`` (baseline 1, the rule then shipped, no lone exemption either way). Stated for
+180-185: the same rule, except that a lone layer that fell 10% or more below its median alarms
+anyway (``--ae-alone-fall 0.1 --baseline 0``, 0 being the rule then shipped: every lone alarm
+stands); it cost no lead bar there and is shipped from seeds 186 on (``ALONE_FALL``);
+``--ae-alone-fall 0`` replays the former rule.
 Run: python benchmarks/candidate_replay.py --seeds 90-95 (--min-history N | --logit-growth X |
 --r-rises-only yes|no | --ae-corroborate N | --ae-alone-fall X) [--baseline VALUE] [--out FILE]
 """
@@ -41,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -65,7 +69,7 @@ from matched_detectors import (
 
 from rksp_cli.errors import InputError
 from rksp_cli.files import atomic_path, check_writable
-from rksp_cli.monitors.attention_entropy import CORROBORATE
+from rksp_cli.monitors.attention_entropy import ALONE_FALL
 from rksp_cli.monitors.attention_logits import GROWTH
 from rksp_cli.monitors.failures import WatchedRun
 from rksp_cli.monitors.r_metric import RISES_ONLY
@@ -103,9 +107,15 @@ def _fraction(text: str) -> float:
     return value
 
 
+def _paired(run: WatchedRun, corroborate: int) -> int | None:
+    """Attention entropy asking ``corroborate`` layers with no exemption for a deep lone fall: the
+    candidate judged on 174-179; at 1 the rule shipped until seed 185."""
+    return attention_entropy_alarm(run, corroborate, alone_fall=math.inf)
+
+
 def _alone_or_paired(run: WatchedRun, alone_fall: float) -> int | None:
     """Attention entropy asking a second layer unless a lone layer fell ``alone_fall`` below its
-    median: at 0 every lone alarm stands, which is the shipped one-layer rule."""
+    median: at 0 every lone alarm stands, which is the rule shipped until seed 185."""
     return attention_entropy_alarm(run, corroborate=2, alone_fall=alone_fall)
 
 
@@ -143,12 +153,12 @@ KNOBS = {
         "r_rises_only", "r_metric", RISES_ONLY["robust"], r_metric_alarm, _yes_no,
         lambda rises: "rises only" if rises else "|dL|", "r-rises-only-",
     ),
-    "ae_corroborate": Knob(
-        "ae_corroborate", "attention_entropy", CORROBORATE, attention_entropy_alarm, _whole("layers"),
-        "{} layer(s)".format, "ae-corroborate-",
+    "ae_corroborate": Knob(  # never shipped alone: its baseline is the rule its judgement replayed
+        "ae_corroborate", "attention_entropy", 1, _paired, _whole("layers"), "{} layer(s)".format,
+        "ae-corroborate-",
     ),
     "ae_alone_fall": Knob(
-        "ae_alone_fall", "attention_entropy", 0.0, _alone_or_paired, _fraction, "alone at {:.0%}".format,
+        "ae_alone_fall", "attention_entropy", ALONE_FALL, _alone_or_paired, _fraction, "alone at {:.0%}".format,
         "ae-alone-fall-",
     ),
 }  # fmt: skip
@@ -224,11 +234,11 @@ def main() -> None:
     rule.add_argument("--logit-growth", help=f"the candidate attention-logit rule's growth factor ({GROWTH:g})")
     rule.add_argument("--r-rises-only", help="yes: the candidate R-Metric scores only a rise in the loss (no)")
     rule.add_argument(
-        "--ae-corroborate", help=f"layers that must breach at once for attention entropy to alarm ({CORROBORATE})"
+        "--ae-corroborate", help="layers that must breach at once for attention entropy to alarm, none alone (1)"
     )
     rule.add_argument(
         "--ae-alone-fall",
-        help="fall below its median at which one layer's attention-entropy alarm needs no second layer (0: shipped)",
+        help=f"fall below its median at which one layer's attention-entropy alarm needs no second ({ALONE_FALL:g})",
     )
     parser.add_argument("--baseline", help="the baseline's value of the same knob (default: the shipped one)")
     parser.add_argument("--runs", type=Path, default=RUNS, help="folder of the saved runs")

@@ -62,6 +62,7 @@ SETS = [
     ("monitors-matched-162-167.json", None),
     ("monitors-matched-168-173.json", None),
     ("monitors-matched-174-179.json", None),
+    ("monitors-matched-180-185.json", None),
 ]
 SUBLAYER_FROM = 60  # the first seed watched by all of today's monitors (sublayer_ratio, the newest)
 DETECTOR_NAMES = {cls.name for cls in DETECTORS}

@@ -181,21 +181,21 @@ def test_the_entropy_candidate_withholds_a_lone_layer_and_keeps_a_joined_one(can
     both = candidate.replay(entropy_run("control", {3: [60, 61, 62], 4: [60, 61, 62]}), knob, 2)
     assert (lone["baseline"]["attention_entropy"], lone["candidate"]["attention_entropy"]) == (3100, None)
     assert both["baseline"]["attention_entropy"] == both["candidate"]["attention_entropy"] == 3100
-    assert knob.shipped == 1  # judged on 174-179 and not shipped: the monitor's rule is one layer
+    assert knob.shipped == 1  # judged on 174-179 and never shipped without the lone exemption
     table = candidate.markdown([lone, both], knob, 1, 2)
     assert "`attention_entropy` alarm: 1 layer(s) / 2 layer(s)" in table and "| 3100 / - |" in table
 
 
-def test_the_alone_fall_candidate_lets_only_a_deep_lone_fall_alarm(candidate):
-    """At a 10% fall a lone block's 15% dip alarms as under the shipped rule; at 20% it waits for
-    a second block. The baseline, 0, is the shipped rule itself."""
+def test_the_alone_fall_rule_lets_only_a_deep_lone_fall_alarm(candidate):
+    """A lone block's 15% dip alarms under every rule up to a 15% fall, as under the one-layer rule
+    (fall 0) and the shipped one (10%); at 20% it waits for a second block."""
     knob = candidate.KNOBS["ae_alone_fall"]
     lone = entropy_run("control", {3: [60, 61, 62]})
     assert candidate.attention_entropy_alarm(lone) == 3100  # the shipped rule
-    deep, shallow = (candidate.replay(lone, knob, fall) for fall in (0.1, 0.2))
+    deep, shallow = (candidate.replay(lone, knob, fall, baseline=0.0) for fall in (0.1, 0.2))
     assert deep["baseline"]["attention_entropy"] == deep["candidate"]["attention_entropy"] == 3100
     assert (shallow["baseline"]["attention_entropy"], shallow["candidate"]["attention_entropy"]) == (3100, None)
-    assert knob.shipped == 0.0
+    assert knob.shipped == 0.1  # judged on 180-185 and shipped from 186 on
     assert "`attention_entropy` alarm: alone at 0% / alone at 20%" in candidate.markdown([shallow], knob, 0.0, 0.2)
 
 

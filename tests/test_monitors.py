@@ -14,6 +14,8 @@ from rksp_cli.cli import app
 from rksp_cli.models.gpt import GPT, GPTConfig
 from rksp_cli.monitors import Monitor, sublayer_ratio
 from rksp_cli.monitors.attention_entropy import (
+    ALONE_FALL,
+    CORROBORATE,
     WINDOW,
     AttentionSpectralEntropy,
     UpdateConcentration,
@@ -277,26 +279,28 @@ def entropy_dips(rule: UpdateConcentration, dips: dict[str, list[int]], checks: 
 
 
 def test_attention_entropy_corroboration_withholds_a_lone_layer_s_dip():
-    """Asked for two layers, one layer's three-check dip stays a warning (the false alarms of Pre-LN
-    172 and 175) until a second layer breaches at the same check; with one layer asked, it alarms."""
+    """Asked for two layers with no lone exemption, one layer's three-check dip stays a warning (the
+    false alarms of Pre-LN 172 and 175) until a second layer breaches at the same check; with one
+    layer asked, it alarms."""
     widths = {"a": 64, "b": 64, "c": 64}
     lone = {"a": [60, 61, 62, 63, 64]}
-    assert entropy_dips(UpdateConcentration(widths), lone) == [(62, "a"), (63, "a"), (64, "a")]
-    assert entropy_dips(UpdateConcentration(widths, corroborate=2), lone) == []
+    assert entropy_dips(UpdateConcentration(widths, corroborate=1), lone) == [(62, "a"), (63, "a"), (64, "a")]
+    assert entropy_dips(UpdateConcentration(widths, 2, alone_fall=math.inf), lone) == []
     joined = lone | {"b": [64]}  # b's first breach corroborates a's running streak
-    assert entropy_dips(UpdateConcentration(widths, corroborate=2), joined) == [(64, "a")]
-    single = UpdateConcentration({"a": 64}, corroborate=2)  # no second layer to ask
+    assert entropy_dips(UpdateConcentration(widths, 2, alone_fall=math.inf), joined) == [(64, "a")]
+    single = UpdateConcentration({"a": 64}, 2, alone_fall=math.inf)  # no second layer to ask
     assert entropy_dips(single, lone) == [(62, "a"), (63, "a"), (64, "a")]
     with pytest.raises(ValueError, match="at least 1"):
         UpdateConcentration(widths, corroborate=0)
 
 
 def test_a_lone_layer_s_large_fall_alarms_without_a_second_layer():
-    """With ``alone_fall`` a lone layer's dip alarms when it is that deep (the stuck gradient's 86%
-    in the fault harness) and stays a warning when shallower (the 7.5-8.9% control dips)."""
+    """By default a lone layer's dip alarms when it is 10% deep or more (the stuck gradient's 86% in
+    the fault harness) and stays a warning when shallower (the 7.5-8.9% control dips)."""
     widths = {"a": 64, "b": 64, "c": 64}
     lone = {"a": [60, 61, 62, 63, 64]}  # a 15% fall
-    assert entropy_dips(UpdateConcentration(widths, 2, alone_fall=0.1), lone) == [(62, "a"), (63, "a"), (64, "a")]
+    assert (CORROBORATE, ALONE_FALL) == (2, 0.1)
+    assert entropy_dips(UpdateConcentration(widths), lone) == [(62, "a"), (63, "a"), (64, "a")]
     withheld = entropy_alerts(UpdateConcentration(widths, 2, alone_fall=0.2), lone)
     assert [a.level for a in withheld] == ["warning"] * 5
     assert withheld[-1].reason.endswith("alone: fewer than 2 layers breach and it fell less than 20%")
