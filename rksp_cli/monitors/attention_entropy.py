@@ -11,7 +11,8 @@ gradient error such as biased low-precision rounding in attention.
 Defaults (design choices): delta = 4 check intervals (200 steps at every=50); per layer, the mean
 over heads is scored against its own history by a robust z of the drop (median/MAD of the last
 ``WINDOW`` = 40 checks, after dropping the first ``BURN_IN`` = 10 values and none before 10 more);
-warning at z >= ``Z`` = 5, alarm at z >= 5 on 3 consecutive checks. Grouped query attention pairs
+warning at z >= ``Z`` = 5, alarm at z >= 5 on 3 consecutive checks, if a second layer breaches at
+that check or the layer fell 10% or more below its median (below). Grouped query attention pairs
 each query head with its key/value group.
 
 Why (issue 16; the shared ``DriftAlarm`` default is 20 checks, z = 4, no burn-in): with that, 2 of 18
