@@ -5,11 +5,11 @@ A rule change found on the runs it would fix cannot be judged on them. So a cand
 benchmarks/monitors-log.md before the seeds that judge it are run. This script replays those seeds'
 saved runs (benchmarks/results/monitors/) under a baseline rule and under the candidate, which
 differ in one knob (``KNOBS``): the sub-layer rule's minimum history (``--min-history``), the
-attention-logit rule's growth factor (``--logit-growth``), whether the R-Metric's loss term
-scores a fall in the loss (``--r-rises-only``) how many layers must breach at once for the
+attention-logit rule's growth factor (``--logit-growth``), whether the R-Metric's loss term scores
+a fall in the loss (``--r-rises-only``), how many layers must breach at once for the
 attention-entropy rule to alarm (``--ae-corroborate``), or how far one layer must fall to alarm
-without a second (``--ae-alone-fall``). It reports each control's alarm from
-that monitor and each failing run's first rksp alarm, lead and lead bar under both.
+without a second (``--ae-alone-fall``). It reports each control's alarm from that monitor and each
+failing run's first rksp alarm, lead and lead bar under both.
 
 Replay is exact because each rule reads only each check's logged values (``SublayerBurst``: the
 branches' ratios; ``growth_alarm``: the layers' largest logits; ``RMetric``: its three components,
