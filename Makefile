@@ -95,19 +95,22 @@ bench-monitors-matched: install
 		--out benchmarks/results/monitors-tuning.json
 	$(BIN)/python benchmarks/matched_detectors.py --held-out 42-47
 
-# Six fresh held-out seeds from HELD_OUT under today's code, end to end: deep Post-LN (18 runs,
-# about 80 minutes on 2 cores), width 64 (24 runs, about 6), the detectors at the settings tuned
-# on seeds 0-5 read from an earlier comparison (a replay), any failing run that had not failed by
-# its horizon trained on to 10,000 steps without monitors (about 19 minutes each, two at a time),
-# then the bars, and the races rksp lost to a detector, pooled over every held-out set.
-# Resumable: each run is saved as it finishes.
-HELD_OUT ?= 186
-HELD_OUT_SEEDS = $(HELD_OUT)-$(shell echo $$(($(HELD_OUT) + 5)))
+# HELD_OUT_COUNT (6) fresh held-out seeds from HELD_OUT under today's code, end to end: deep
+# Post-LN (3 runs a seed, 13-30 minutes a seed on 2 cores: 80-180 minutes for six), width 64 (4
+# runs a seed, about 1 minute a seed), the detectors at the settings tuned on seeds 0-5 read from
+# an earlier comparison (a replay), any failing run that had not failed by its horizon trained on
+# to 10,000 steps without monitors (about 19 minutes each, two at a time), then the bars, and the
+# races rksp lost to a detector, pooled over every held-out set. Resumable: each run is saved as
+# it finishes (in a git-ignored folder: a fresh checkout starts the set over).
+HELD_OUT ?= 190
+HELD_OUT_COUNT ?= 6
+HELD_OUT_SEEDS = $(HELD_OUT)-$(shell echo $$(($(HELD_OUT) + $(HELD_OUT_COUNT) - 1)))
 bench-monitors-heldout: install
 	$(BIN)/python benchmarks/monitors.py --failures post_ln_without_warmup --first-seed $(HELD_OUT) \
-		--policies '' --workers 2 --threads 1 --progress --out benchmarks/results/monitors-postln-$(HELD_OUT_SEEDS).json
+		--seeds $(HELD_OUT_COUNT) --policies '' --workers 2 --threads 1 --progress \
+		--out benchmarks/results/monitors-postln-$(HELD_OUT_SEEDS).json
 	$(BIN)/python benchmarks/monitors.py --failures attention_logit_growth,low_precision_attention \
-		--first-seed $(HELD_OUT) --policies '' --workers 2 --threads 1 \
+		--first-seed $(HELD_OUT) --seeds $(HELD_OUT_COUNT) --policies '' --workers 2 --threads 1 \
 		--out benchmarks/results/monitors-w64-$(HELD_OUT_SEEDS).json
 	$(BIN)/python benchmarks/matched_detectors.py --held-out $(HELD_OUT_SEEDS) \
 		--settings-from benchmarks/results/monitors-matched-78-83.json \
