@@ -96,7 +96,7 @@ bench-monitors-matched: install
 	$(BIN)/python benchmarks/matched_detectors.py --held-out 42-47
 
 # HELD_OUT_COUNT (6) fresh held-out seeds from HELD_OUT under today's code, end to end: deep
-# Post-LN (3 runs a seed, 13-25 minutes a seed on 2 cores: 80-150 minutes for six), width 64 (4
+# Post-LN (3 runs a seed, 13-25 minutes a seed on 2 idle cores: 80-150 minutes for six), width 64 (4
 # runs a seed, 1-2 minutes a seed), the detectors at the settings tuned on seeds 0-5 read from
 # an earlier comparison (a replay), any failing run that had not failed by its horizon trained on
 # to 10,000 steps without monitors (about 19 minutes each, two at a time), then the bars, and the
