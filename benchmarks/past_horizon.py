@@ -8,7 +8,8 @@ bit for bit, which holds when both ran with the same torch threads on the same m
 ``benchmarks/monitors.py --threads 1`` ran them), and is checked and reported, not assumed. The
 alarm is the saved run's, rescored to today's rules (``matched_detectors.monitor_alarms``).
 Each rerun is saved beside the watched runs (``...-failing-SEED-toSTEPS.json``) and resumed from.
-About 19 minutes per deep Post-LN run to 10,000 steps on one core of a 2-core AMD EPYC.
+About 19 minutes per deep Post-LN run to 10,000 steps on one core of a 2-core AMD EPYC, 14 on an
+Intel Xeon (AVX-512) beside low-priority runs.
 Run: python benchmarks/past_horizon.py --seeds 84-89 [--steps 10000] [--workers 2] [--threads 1]
 """
 
