@@ -2,14 +2,15 @@
 (issue 16).
 
 A rule change found on the runs it would fix cannot be judged on them. So a candidate is stated in
-benchmarks/monitors-log.md before the seeds that judge it are run. This script replays those seeds'
-saved runs (benchmarks/results/monitors/) under a baseline rule and under the candidate, which
-differ in one knob (``KNOBS``): the sub-layer rule's minimum history (``--min-history``), the
-attention-logit rule's growth factor (``--logit-growth``), whether the R-Metric's loss term scores
-a fall in the loss (``--r-rises-only``), how many layers must breach at once for the
-attention-entropy rule to alarm (``--ae-corroborate``), or how far one layer must fall to alarm
-without a second (``--ae-alone-fall``). It reports each control's alarm from that monitor and each
-failing run's first rksp alarm, lead and lead bar under both.
+benchmarks/monitors-log.md before the runs of the seeds that judge it are read. This script replays
+those seeds' saved runs (benchmarks/results/monitors/) under a baseline rule and under the
+candidate, which differ in one knob (``KNOBS``): the sub-layer rule's minimum history
+(``--min-history``) or its three thresholds together (``--sublayer-scale``), the attention-logit
+rule's growth factor (``--logit-growth``), whether the R-Metric's loss term scores a fall in the
+loss (``--r-rises-only``), how many layers must breach at once for the attention-entropy rule to
+alarm (``--ae-corroborate``), or how far one layer must fall to alarm without a second
+(``--ae-alone-fall``). It reports each control's alarm from that monitor and each failing run's
+first rksp alarm, lead and lead bar under both.
 
 Replay is exact because each rule reads only each check's logged values (``SublayerBurst``: the
 branches' ratios; ``growth_alarm``: the layers' largest logits; ``RMetric``: its three components,
@@ -35,9 +36,14 @@ monitor on a fault confined to one layer (benchmarks/monitors-heldout.md); repla
 180-185: the same rule, except that a lone layer that fell 10% or more below its median alarms
 anyway (``--ae-alone-fall 0.1 --baseline 0``, 0 being the rule then shipped: every lone alarm
 stands); it cost no lead bar there and is shipped from seeds 186 on (``ALONE_FALL``);
-``--ae-alone-fall 0`` replays the former rule.
+``--ae-alone-fall 0`` replays the former rule. Stated for 210-213, after sub-layer bursts just short
+of the line came 500-2400 steps before the first alarm on deep Post-LN 205, 208 and 209: the
+sub-layer rule's fold, z and jump thresholds at 0.85 of those of seeds 60-209
+(``--sublayer-scale 0.85``); it drew a false alarm there (a width-64 control whose branch jumped
+1.77x) and is not shipped.
 Run: python benchmarks/candidate_replay.py --seeds 90-95 (--min-history N | --logit-growth X |
---r-rises-only yes|no | --ae-corroborate N | --ae-alone-fall X) [--baseline VALUE] [--out FILE]
+--r-rises-only yes|no | --ae-corroborate N | --ae-alone-fall X | --sublayer-scale X) [--baseline VALUE]
+[--out FILE]
 """
 
 from __future__ import annotations
@@ -73,9 +79,10 @@ from rksp_cli.monitors.attention_entropy import ALONE_FALL
 from rksp_cli.monitors.attention_logits import GROWTH
 from rksp_cli.monitors.failures import WatchedRun
 from rksp_cli.monitors.r_metric import RISES_ONLY
-from rksp_cli.monitors.sublayer_ratio import MIN_HISTORY
+from rksp_cli.monitors.sublayer_ratio import FOLD, MIN_HISTORY
 
 RULES = ("baseline", "candidate")
+SUBLAYER_60_209 = (3.0, 8.0, 2.0)  # the sub-layer rule's (fold, z, jump) from seeds 60 to 209
 
 
 def _whole(what: str) -> Callable[[str], int]:
@@ -119,6 +126,17 @@ def _alone_or_paired(run: WatchedRun, alone_fall: float) -> int | None:
     return attention_entropy_alarm(run, corroborate=2, alone_fall=alone_fall)
 
 
+def _scale(text: str) -> float:
+    if not 0 < (value := _number(text)) < math.inf:
+        raise ValueError("a scale is a positive number")
+    return value
+
+
+def _scaled_sublayer(run: WatchedRun, scale: float) -> int | None:
+    """The sub-layer rule with each of the fold, z and jump thresholds of seeds 60-209 times ``scale``."""
+    return sublayer_ratio_alarm(run, thresholds=tuple(scale * t for t in SUBLAYER_60_209))
+
+
 def _yes_no(text: str) -> bool:
     if text not in ("yes", "no"):
         raise ValueError("say yes or no")
@@ -156,6 +174,10 @@ KNOBS = {
     "ae_corroborate": Knob(  # never shipped alone: its baseline is the rule its judgement replayed
         "ae_corroborate", "attention_entropy", 1, _paired, _whole("layers"), "{} layer(s)".format,
         "ae-corroborate-",
+    ),
+    "sublayer_scale": Knob(
+        "sublayer_scale", "sublayer_ratio", FOLD / SUBLAYER_60_209[0], _scaled_sublayer, _scale,
+        "thresholds x{:g}".format, "sublayer-scale-",
     ),
     "ae_alone_fall": Knob(
         "ae_alone_fall", "attention_entropy", ALONE_FALL, _alone_or_paired, _fraction, "alone at {:.0%}".format,
@@ -239,6 +261,10 @@ def main() -> None:
     rule.add_argument(
         "--ae-alone-fall",
         help=f"fall below its median at which one layer's attention-entropy alarm needs no second ({ALONE_FALL:g})",
+    )
+    rule.add_argument(
+        "--sublayer-scale",
+        help=f"the sub-layer rule's thresholds as a multiple of seeds 60-209's ({FOLD / SUBLAYER_60_209[0]:g})",
     )
     parser.add_argument("--baseline", help="the baseline's value of the same knob (default: the shipped one)")
     parser.add_argument("--runs", type=Path, default=RUNS, help="folder of the saved runs")

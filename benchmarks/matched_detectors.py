@@ -70,7 +70,7 @@ from rksp_cli.monitors.spike_detectors import (
     OlmoSkipStep,
     first_alarm,
 )
-from rksp_cli.monitors.sublayer_ratio import MIN_HISTORY, SublayerBurst, find_sublayers
+from rksp_cli.monitors.sublayer_ratio import FOLD, JUMP, MIN_HISTORY, SublayerBurst, Z, find_sublayers
 
 RUNS = Path(__file__).parent / "results" / "monitors"  # where benchmarks/monitors.py saves each run
 RESULTS = RUNS.parent / "monitors-matched.json"
@@ -176,11 +176,15 @@ def spectral_alignment_alarm(run: WatchedRun) -> int | None:
     return _first_alarm(SignCollapse(set(activation_fed(run.failure, run.kind))), run)
 
 
-def sublayer_ratio_alarm(run: WatchedRun, min_history: int = MIN_HISTORY) -> int | None:
+def sublayer_ratio_alarm(
+    run: WatchedRun, min_history: int = MIN_HISTORY, thresholds: tuple[float, float, float] = (FOLD, Z, JUMP)
+) -> int | None:
     """Today's sub-layer burst rule's first alarm on a saved run, rescored from its logged ratios
-    (``SublayerBurst``: exact, since the rule reads nothing else); with ``min_history``, the rule
-    with no score before that many checks (a candidate: benchmarks/candidate_replay.py)."""
-    rule = SublayerBurst(s.name for s in find_sublayers(_model(run.failure, run.kind).blocks, "blocks"))
+    (``SublayerBurst``: exact, since the rule reads nothing else); with ``min_history`` or
+    ``thresholds`` (fold, z, jump), the rule with no score before that many checks or with those
+    thresholds (candidates: benchmarks/candidate_replay.py)."""
+    names = (s.name for s in find_sublayers(_model(run.failure, run.kind).blocks, "blocks"))
+    rule = SublayerBurst(names, thresholds)
     for drift in rule.drifts.values():
         drift.min_history = min_history
     return _first_alarm(rule, run)

@@ -28,11 +28,11 @@ def watched(failure: str, monitor: str, kind: str, series: list[dict], steps: in
     return WatchedRun(failure, kind, 7, steps, losses, [1.0] * steps, None, [], [monitor], 0.1, {}, series=series)
 
 
-def run(kind: str, burst_at: int, checks: int = 30, failed_at: int | None = None) -> WatchedRun:
+def run(kind: str, burst_at: int, checks: int = 30, failed_at: int | None = None, burst: float = 10) -> WatchedRun:
     """A run checked every 50 steps whose one branch sits at a ratio of 0.1 (small wiggles) but for
-    a 10x burst at check ``burst_at``; a failing run's loss collapses at ``failed_at``."""
+    a ``burst``-fold burst at check ``burst_at``; a failing run's loss collapses at ``failed_at``."""
     series = [
-        {"step": 50 * i, "metrics": {f"sublayer_ratio/{LAYER}": 1.0 if i == burst_at else 0.1 * (1 + 0.01 * (i % 3))}}
+        {"step": 50 * i, "metrics": {f"sublayer_ratio/{LAYER}": 0.1 * (burst if i == burst_at else 1 + 0.01 * (i % 3))}}
         for i in range(1, checks + 1)
     ]
     return watched("post_ln_without_warmup", "sublayer_ratio", kind, series, 50 * checks, failed_at)
@@ -218,3 +218,18 @@ def test_bad_knob_values_are_one_line_and_exit_2(candidate, monkeypatch, capsys,
     with pytest.raises(SystemExit) as exc:
         candidate.main()
     assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_the_scale_moves_the_sublayer_thresholds_together(candidate):
+    """A burst to 2.7x the branch's usual ratio (and 2.7x the last check) is short of the fold of 3
+    that seeds 60-209 ask and over 0.85 of it; one to 3.3x passes both. The scale is of that rule,
+    so the shipped one replays at its own scale."""
+    scale = candidate.KNOBS["sublayer_scale"]
+    short, clear = (
+        candidate.replay(run("control", 20, burst=2.7), scale, 0.85, 1.0),
+        candidate.replay(run("control", 20, burst=3.3), scale, 0.85, 1.0),
+    )
+    assert (short["baseline"]["sublayer_ratio"], short["candidate"]["sublayer_ratio"]) == (None, 1000)
+    assert clear["baseline"]["sublayer_ratio"] == clear["candidate"]["sublayer_ratio"] == 1000
+    shipped = candidate.replay(run("control", 20, burst=2.7), scale, scale.shipped, scale.shipped)
+    assert shipped["baseline"] == shipped["candidate"]

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from rksp_cli.cli import app
 from rksp_cli.models.gpt import GPT, GPTConfig
-from rksp_cli.monitors import Monitor, sublayer_ratio
+from rksp_cli.monitors import Monitor
 from rksp_cli.monitors.attention_entropy import (
     ALONE_FALL,
     CORROBORATE,
@@ -34,7 +34,7 @@ from rksp_cli.monitors.spectral_alignment import (
     activation_fed_layers,
     sign_entropy,
 )
-from rksp_cli.monitors.sublayer_ratio import FOLD, JUMP, MIN_HISTORY, SublayerBurst, SublayerRatio, find_sublayers
+from rksp_cli.monitors.sublayer_ratio import FOLD, JUMP, MIN_HISTORY, SublayerBurst, SublayerRatio, Z, find_sublayers
 from rksp_cli.watch import read_log
 from tests.conftest import hf_config
 from tests.tolerances import entropy_tolerance
@@ -769,8 +769,8 @@ def test_sublayer_ratio_is_the_branch_s_size_against_its_shortcut():
     assert not blocks[0].attn._forward_hooks and not blocks[0].norm1._forward_pre_hooks
 
 
-def _burst_alarms(series: list[float]) -> list[int]:
-    rule = SublayerBurst(["b"])
+def _burst_alarms(series: list[float], jump: float = JUMP) -> list[int]:
+    rule = SublayerBurst(["b"], (FOLD, Z, jump))
     return [t for t, r in enumerate(series) if rule.score(t, "b", r)]
 
 
@@ -794,7 +794,7 @@ def test_sublayer_burst_scores_nothing_before_its_minimum_history():
         assert _burst_alarms([*flat[:at], 0.4, *flat[at:]]) == expected
 
 
-def test_sublayer_burst_needs_a_jump_over_the_previous_check_not_only_growth_then_a_step(monkeypatch):
+def test_sublayer_burst_needs_a_jump_over_the_previous_check_not_only_growth_then_a_step():
     """Growth over a few checks that ends in a 1.45x step clears the fold and the z (a clean
     fault-harness run did this) but not the jump; a step just over JUMP from the same history
     alarms (just over: the rule reads the previous ratio back through exp(log(r)))."""
@@ -802,8 +802,7 @@ def test_sublayer_burst_needs_a_jump_over_the_previous_check_not_only_growth_the
     growth_then_step = [*history, history[-1] * 1.45]
     assert _burst_alarms(growth_then_step) == []
     assert _burst_alarms([*history, history[-1] * JUMP * 1.01]) == [len(history)]
-    monkeypatch.setattr(sublayer_ratio, "JUMP", 1.0)  # fold and z alone
-    assert _burst_alarms(growth_then_step) == [len(history)]
+    assert _burst_alarms(growth_then_step, jump=1.0) == [len(history)]  # fold and z alone
 
 
 def test_sublayer_ratio_alarms_on_a_branch_that_jumps_and_rescores_its_log_exactly(tmp_path):

@@ -15,14 +15,17 @@ score before 16 checks), *and* at least ``JUMP`` = 2x the previous check's r, at
 pass in one or two checks, so no persistence is asked. Each test guards against a false alarm: a
 fold alone fires on a branch growing steadily through early training (a healthy Pre-LN run's last
 MLP grew 4x against its median), a robust z alone on a series so flat that its MAD is at the floor
-(a 10% wiggle is then 6 sd), and the two together on growth that ends in a modest step: a clean
-run of the fault harness (seed 13, checks every 10 steps) whose last MoE branch grew 2.5x in 120
-steps, then 1.43x in one check, reached 3.2x and 9 sd. The bursts before deep Post-LN failures
-were 3-270x the previous check (seeds 60-65, first alarms); the jump test was added after those
-runs and moves none of their first alarms. The 16 checks of history (10 until 2026-11-27) came
-after Pre-LN controls 86 and 88 alarmed at step 700, with 14 checks of history, on branches still
-settling after the start of training. Stated before seeds 90-95 ran and replayed on them exactly
-(benchmarks/candidate_replay.py), it moved no failing run's first alarm there or on 78-89.
+(a 10% wiggle is then 6 sd), and the two together on growth that ends in a modest step: a clean run
+of the fault harness (seed 13, checks every 10 steps) whose last MoE branch grew 2.5x in 120 steps,
+then 1.43x in one check, reached 3.2x and 9 sd. The bursts before deep Post-LN failures were 3-270x
+the previous check (seeds 60-65, first alarms); the jump test was added after those runs and moves
+none of their first alarms. The 16 checks of history (10 until 2026-11-27) came after Pre-LN
+controls 86 and 88 alarmed at step 700, with 14 checks of history, on branches still settling after
+the start of training. Stated before seeds 90-95 ran and replayed on them exactly
+(benchmarks/candidate_replay.py), it moved no failing run's first alarm there or on 78-89. The rule
+with all three thresholds at 0.85 of these, stated before seeds 210-213 were read, would have made
+seven deep first alarms on 186-209 earlier; on 210-213 it alarmed on a healthy width-64 control
+whose MLP branch, past the fold and z tests, jumped 1.77x, and is not shipped.
 
 Why (issue 16): deep Post-LN without warmup (12 blocks, lr 0.003) fails early on some seeds, at
 steps 1135-2697, by collapsing to a near-unigram loss within a few steps, with nothing in the other
@@ -133,7 +136,10 @@ class SublayerBurst:
     per-sub-layer ratio, so a logged run's ``sublayer_ratio/*`` metrics, fed back check by check,
     rescore it exactly."""
 
-    def __init__(self, layers: Iterable[str]) -> None:
+    def __init__(self, layers: Iterable[str], thresholds: tuple[float, float, float] = (FOLD, Z, JUMP)) -> None:
+        """``thresholds``: (fold, z, jump), today's by default; another only to replay a candidate rule
+        (benchmarks/candidate_replay.py)."""
+        self.fold, self.z, self.jump = thresholds
         self.drifts = {name: RobustDrift(+1, window=WINDOW, min_history=MIN_HISTORY, log=True) for name in layers}
 
     def score(self, step: int, layer: str, ratio: float) -> Alert | None:
@@ -145,13 +151,13 @@ class SublayerBurst:
         if median is None or z is None:
             return None
         fold = ratio / math.exp(median)
-        if fold < FOLD or z < Z or ratio < JUMP * previous:
+        if fold < self.fold or z < self.z or ratio < self.jump * previous:
             return None
         reason = (
             f"sub-layer output/shortcut {ratio:.3g}, {fold:.1f}x its median of the last "
             f"{seen} checks ({z:.0f} robust sd): a burst"
         )
-        return Alert(step, SublayerRatio.name, layer, fold, FOLD, "alarm", reason)
+        return Alert(step, SublayerRatio.name, layer, fold, self.fold, "alarm", reason)
 
     def rescore(self, checks: Iterable[tuple[int, Mapping[str, float]]]) -> list[Alert]:
         """The alarms of a logged run's checks, (step, metrics) in order, under this rule."""
