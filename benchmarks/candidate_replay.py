@@ -37,7 +37,7 @@ monitor on a fault confined to one layer (benchmarks/monitors-heldout.md); repla
 anyway (``--ae-alone-fall 0.1 --baseline 0``, 0 being the rule then shipped: every lone alarm
 stands); it cost no lead bar there and is shipped from seeds 186 on (``ALONE_FALL``);
 ``--ae-alone-fall 0`` replays the former rule. Stated for 210-213, after sub-layer bursts just short
-of the line came 500-2400 steps before the first alarm on deep Post-LN 205, 208 and 209: the
+of the line came 500-2300 steps before the first alarm on deep Post-LN 205, 208 and 209: the
 sub-layer rule's fold, z and jump thresholds at 0.85 of those of seeds 60-209
 (``--sublayer-scale 0.85``); it drew a false alarm there (a width-64 control whose branch jumped
 1.77x) and is not shipped.
