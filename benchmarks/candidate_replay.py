@@ -5,7 +5,8 @@ A rule change found on the runs it would fix cannot be judged on them. So a cand
 benchmarks/monitors-log.md before the runs of the seeds that judge it are read. This script replays
 those seeds' saved runs (benchmarks/results/monitors/) under a baseline rule and under the
 candidate, which differ in one knob (``KNOBS``): the sub-layer rule's minimum history
-(``--min-history``) or its three thresholds together (``--sublayer-scale``), the attention-logit
+(``--min-history``), its three thresholds together (``--sublayer-scale``) or its fold and z thresholds
+with the jump test kept (``--sublayer-fold-z-scale``), the attention-logit
 rule's growth factor (``--logit-growth``), whether the R-Metric's loss term scores a fall in the
 loss (``--r-rises-only``), how many layers must breach at once for the attention-entropy rule to
 alarm (``--ae-corroborate``), or how far one layer must fall to alarm without a second
@@ -40,10 +41,11 @@ stands); it cost no lead bar there and is shipped from seeds 186 on (``ALONE_FAL
 of the line came 500-2300 steps before the first alarm on deep Post-LN 205, 208 and 209: the
 sub-layer rule's fold, z and jump thresholds at 0.85 of those of seeds 60-209
 (``--sublayer-scale 0.85``); it drew a false alarm there (a width-64 control whose branch jumped
-1.77x) and is not shipped.
+1.77x) and is not shipped. Stated for 214-217: the fold and z thresholds alone at 0.85, the jump
+test kept at 2x (``--sublayer-fold-z-scale 0.85``).
 Run: python benchmarks/candidate_replay.py --seeds 90-95 (--min-history N | --logit-growth X |
---r-rises-only yes|no | --ae-corroborate N | --ae-alone-fall X | --sublayer-scale X) [--baseline VALUE]
-[--out FILE]
+--r-rises-only yes|no | --ae-corroborate N | --ae-alone-fall X | --sublayer-scale X |
+--sublayer-fold-z-scale X) [--baseline VALUE] [--out FILE]
 """
 
 from __future__ import annotations
@@ -137,6 +139,13 @@ def _scaled_sublayer(run: WatchedRun, scale: float) -> int | None:
     return sublayer_ratio_alarm(run, thresholds=tuple(scale * t for t in SUBLAYER_60_209))
 
 
+def _scaled_fold_z(run: WatchedRun, scale: float) -> int | None:
+    """The sub-layer rule with the fold and z thresholds of seeds 60-209 times ``scale`` and their
+    jump test of 2x kept: the test that alone kept 210-213's width-64 control quiet."""
+    fold, z, jump = SUBLAYER_60_209
+    return sublayer_ratio_alarm(run, thresholds=(scale * fold, scale * z, jump))
+
+
 def _yes_no(text: str) -> bool:
     if text not in ("yes", "no"):
         raise ValueError("say yes or no")
@@ -178,6 +187,10 @@ KNOBS = {
     "sublayer_scale": Knob(
         "sublayer_scale", "sublayer_ratio", FOLD / SUBLAYER_60_209[0], _scaled_sublayer, _scale,
         "thresholds x{:g}".format, "sublayer-scale-",
+    ),
+    "sublayer_fold_z_scale": Knob(
+        "sublayer_fold_z_scale", "sublayer_ratio", FOLD / SUBLAYER_60_209[0], _scaled_fold_z, _scale,
+        "fold, z x{:g}".format, "sublayer-fold-z-scale-",
     ),
     "ae_alone_fall": Knob(
         "ae_alone_fall", "attention_entropy", ALONE_FALL, _alone_or_paired, _fraction, "alone at {:.0%}".format,
@@ -265,6 +278,10 @@ def main() -> None:
     rule.add_argument(
         "--sublayer-scale",
         help=f"the sub-layer rule's thresholds as a multiple of seeds 60-209's ({FOLD / SUBLAYER_60_209[0]:g})",
+    )
+    rule.add_argument(
+        "--sublayer-fold-z-scale",
+        help=f"the sub-layer rule's fold and z as a multiple of 60-209's, jump kept ({FOLD / SUBLAYER_60_209[0]:g})",
     )
     parser.add_argument("--baseline", help="the baseline's value of the same knob (default: the shipped one)")
     parser.add_argument("--runs", type=Path, default=RUNS, help="folder of the saved runs")

@@ -231,3 +231,19 @@ def test_the_scale_moves_the_sublayer_thresholds_together(candidate):
     short, clear = candidate.replay(short, scale, 0.85, 1.0), candidate.replay(clear, scale, 0.85, 1.0)
     assert (short["baseline"]["sublayer_ratio"], short["candidate"]["sublayer_ratio"]) == (None, 1000)
     assert clear["baseline"]["sublayer_ratio"] == clear["candidate"]["sublayer_ratio"] == 1000
+
+
+def test_the_fold_and_z_scale_keeps_the_jump_test(candidate):
+    """A branch at 1.5x its usual ratio, then 2.7x at the next check: past 0.85 of the fold and z
+    tests, and a jump of 1.8x, which the 0.85 scale of all three passes and the jump test of 2x kept
+    by the fold-and-z knob does not. A lone burst to 2.7x passes both; the shipped value replays
+    today's rule."""
+    fold_z, scale = candidate.KNOBS["sublayer_fold_z_scale"], candidate.KNOBS["sublayer_scale"]
+    lone = run("control", 20, burst=2.7)
+    stepped = run("control", 20, burst=2.7)
+    stepped.series[18]["metrics"][f"sublayer_ratio/{LAYER}"] = 0.15  # the check before the burst
+    for r in (lone, stepped):
+        assert candidate.replay(r, fold_z, 0.85)["baseline"]["sublayer_ratio"] == candidate.sublayer_ratio_alarm(r)
+    assert candidate.replay(lone, fold_z, 0.85, 1.0)["candidate"]["sublayer_ratio"] == 1000
+    assert candidate.replay(stepped, scale, 0.85, 1.0)["candidate"]["sublayer_ratio"] == 1000
+    assert candidate.replay(stepped, fold_z, 0.85, 1.0)["candidate"]["sublayer_ratio"] is None
