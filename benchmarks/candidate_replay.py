@@ -39,10 +39,12 @@ anyway (``--ae-alone-fall 0.1 --baseline 0``, 0 being the rule then shipped: eve
 stands); it cost no lead bar there and is shipped from seeds 186 on (``ALONE_FALL``);
 ``--ae-alone-fall 0`` replays the former rule. Stated for 210-213, after sub-layer bursts just short
 of the line came 500-2300 steps before the first alarm on deep Post-LN 205, 208 and 209: the
-sub-layer rule's fold, z and jump thresholds at 0.85 of those of seeds 60-209
+sub-layer rule's fold, z and jump thresholds at 0.85 of those of seeds 60-217
 (``--sublayer-scale 0.85``); it drew a false alarm there (a width-64 control whose branch jumped
 1.77x) and is not shipped. Stated for 214-217: the fold and z thresholds alone at 0.85, the jump
-test kept at 2x (``--sublayer-fold-z-scale 0.85``).
+test kept at 2x (``--sublayer-fold-z-scale 0.85``); it met the lead bar on two more runs there with no
+control alarm and is shipped from seed 218 on (``FOLD``, ``Z``); ``--sublayer-fold-z-scale 1``
+replays the former rule.
 Run: python benchmarks/candidate_replay.py --seeds 90-95 (--min-history N | --logit-growth X |
 --r-rises-only yes|no | --ae-corroborate N | --ae-alone-fall X | --sublayer-scale X |
 --sublayer-fold-z-scale X) [--baseline VALUE] [--out FILE]
@@ -84,7 +86,7 @@ from rksp_cli.monitors.r_metric import RISES_ONLY
 from rksp_cli.monitors.sublayer_ratio import FOLD, MIN_HISTORY
 
 RULES = ("baseline", "candidate")
-SUBLAYER_60_209 = (3.0, 8.0, 2.0)  # the sub-layer rule's (fold, z, jump) from seeds 60 to 209
+SUBLAYER_60_217 = (3.0, 8.0, 2.0)  # the sub-layer rule's (fold, z, jump) from seeds 60 to 217
 
 
 def _whole(what: str) -> Callable[[str], int]:
@@ -135,14 +137,14 @@ def _scale(text: str) -> float:
 
 
 def _scaled_sublayer(run: WatchedRun, scale: float) -> int | None:
-    """The sub-layer rule with each of the fold, z and jump thresholds of seeds 60-209 times ``scale``."""
-    return sublayer_ratio_alarm(run, thresholds=tuple(scale * t for t in SUBLAYER_60_209))
+    """The sub-layer rule with each of the fold, z and jump thresholds of seeds 60-217 times ``scale``."""
+    return sublayer_ratio_alarm(run, thresholds=tuple(scale * t for t in SUBLAYER_60_217))
 
 
 def _scaled_fold_z(run: WatchedRun, scale: float) -> int | None:
-    """The sub-layer rule with the fold and z thresholds of seeds 60-209 times ``scale`` and their
+    """The sub-layer rule with the fold and z thresholds of seeds 60-217 times ``scale`` and their
     jump test of 2x kept: the test that alone kept 210-213's width-64 control quiet."""
-    fold, z, jump = SUBLAYER_60_209
+    fold, z, jump = SUBLAYER_60_217
     return sublayer_ratio_alarm(run, thresholds=(scale * fold, scale * z, jump))
 
 
@@ -184,12 +186,12 @@ KNOBS = {
         "ae_corroborate", "attention_entropy", 1, _paired, _whole("layers"), "{} layer(s)".format,
         "ae-corroborate-",
     ),
-    "sublayer_scale": Knob(
-        "sublayer_scale", "sublayer_ratio", FOLD / SUBLAYER_60_209[0], _scaled_sublayer, _scale,
+    "sublayer_scale": Knob(  # never shipped: its baseline is the rule of seeds 60-217
+        "sublayer_scale", "sublayer_ratio", 1.0, _scaled_sublayer, _scale,
         "thresholds x{:g}".format, "sublayer-scale-",
     ),
     "sublayer_fold_z_scale": Knob(
-        "sublayer_fold_z_scale", "sublayer_ratio", FOLD / SUBLAYER_60_209[0], _scaled_fold_z, _scale,
+        "sublayer_fold_z_scale", "sublayer_ratio", FOLD / SUBLAYER_60_217[0], _scaled_fold_z, _scale,
         "fold, z x{:g}".format, "sublayer-fold-z-scale-",
     ),
     "ae_alone_fall": Knob(
@@ -277,11 +279,11 @@ def main() -> None:
     )
     rule.add_argument(
         "--sublayer-scale",
-        help=f"the sub-layer rule's thresholds as a multiple of seeds 60-209's ({FOLD / SUBLAYER_60_209[0]:g})",
+        help="the sub-layer rule's thresholds as a multiple of seeds 60-217's (1)",
     )
     rule.add_argument(
         "--sublayer-fold-z-scale",
-        help=f"the sub-layer rule's fold and z as a multiple of 60-209's, jump kept ({FOLD / SUBLAYER_60_209[0]:g})",
+        help=f"the sub-layer rule's fold and z as a multiple of 60-217's, jump kept ({FOLD / SUBLAYER_60_217[0]:g})",
     )
     parser.add_argument("--baseline", help="the baseline's value of the same knob (default: the shipped one)")
     parser.add_argument("--runs", type=Path, default=RUNS, help="folder of the saved runs")

@@ -222,12 +222,13 @@ def test_bad_knob_values_are_one_line_and_exit_2(candidate, monkeypatch, capsys,
 
 def test_the_scale_moves_the_sublayer_thresholds_together(candidate):
     """A burst to 2.7x the branch's usual ratio (and 2.7x the last check) is short of the fold of 3
-    that seeds 60-209 ask and over 0.85 of it; one to 3.3x passes both. The knob's shipped value
-    replays today's rule: without a baseline, each run's alarm is the one the rule as shipped gives."""
+    that seeds 60-217 ask and over 0.85 of it; one to 3.3x passes both. Never shipped, the knob's
+    baseline is that rule: without one, each run's alarm is the one seeds 60-217 got."""
     scale = candidate.KNOBS["sublayer_scale"]
     short, clear = run("control", 20, burst=2.7), run("control", 20, burst=3.3)
     for r in (short, clear):
-        assert candidate.replay(r, scale, 0.85)["baseline"]["sublayer_ratio"] == candidate.sublayer_ratio_alarm(r)
+        former = candidate.sublayer_ratio_alarm(r, thresholds=candidate.SUBLAYER_60_217)
+        assert candidate.replay(r, scale, 0.85)["baseline"]["sublayer_ratio"] == former
     short, clear = candidate.replay(short, scale, 0.85, 1.0), candidate.replay(clear, scale, 0.85, 1.0)
     assert (short["baseline"]["sublayer_ratio"], short["candidate"]["sublayer_ratio"]) == (None, 1000)
     assert clear["baseline"]["sublayer_ratio"] == clear["candidate"]["sublayer_ratio"] == 1000
