@@ -184,10 +184,7 @@ def sublayer_ratio_alarm(
     ``thresholds`` (fold, z, jump), the rule with no score before that many checks or with those
     thresholds (candidates: benchmarks/candidate_replay.py)."""
     names = (s.name for s in find_sublayers(_model(run.failure, run.kind).blocks, "blocks"))
-    rule = SublayerBurst(names, thresholds)
-    for drift in rule.drifts.values():
-        drift.min_history = min_history
-    return _first_alarm(rule, run)
+    return _first_alarm(SublayerBurst(names, thresholds, min_history), run)
 
 
 def attention_logits_alarm(run: WatchedRun, growth: float = GROWTH) -> int | None:

@@ -140,11 +140,16 @@ class SublayerBurst:
     per-sub-layer ratio, so a logged run's ``sublayer_ratio/*`` metrics, fed back check by check,
     rescore it exactly."""
 
-    def __init__(self, layers: Iterable[str], thresholds: tuple[float, float, float] = (FOLD, Z, JUMP)) -> None:
-        """``thresholds``: (fold, z, jump), today's by default; another only to replay a candidate rule
-        (benchmarks/candidate_replay.py)."""
+    def __init__(
+        self,
+        layers: Iterable[str],
+        thresholds: tuple[float, float, float] = (FOLD, Z, JUMP),
+        min_history: int = MIN_HISTORY,
+    ) -> None:
+        """``thresholds`` (fold, z, jump) and ``min_history``: today's by default; others only to replay
+        a candidate rule (benchmarks/candidate_replay.py)."""
         self.fold, self.z, self.jump = thresholds
-        self.drifts = {name: RobustDrift(+1, window=WINDOW, min_history=MIN_HISTORY, log=True) for name in layers}
+        self.drifts = {name: RobustDrift(+1, window=WINDOW, min_history=min_history, log=True) for name in layers}
 
     def score(self, step: int, layer: str, ratio: float) -> Alert | None:
         """The layer's alarm at this check, if any; its history takes the value either way."""
