@@ -279,11 +279,12 @@ def main() -> None:
     )
     rule.add_argument(
         "--sublayer-scale",
-        help="the sub-layer rule's thresholds as a multiple of seeds 60-217's (1)",
+        help=f"the sub-layer rule's thresholds as a multiple of seeds 60-217's ({KNOBS['sublayer_scale'].shipped:g})",
     )
     rule.add_argument(
         "--sublayer-fold-z-scale",
-        help=f"the sub-layer rule's fold and z as a multiple of 60-217's, jump kept ({FOLD / SUBLAYER_60_217[0]:g})",
+        help=f"the sub-layer rule's fold and z as a multiple of 60-217's, jump kept "
+        f"({KNOBS['sublayer_fold_z_scale'].shipped:g})",
     )
     parser.add_argument("--baseline", help="the baseline's value of the same knob (default: the shipped one)")
     parser.add_argument("--runs", type=Path, default=RUNS, help="folder of the saved runs")
