@@ -72,6 +72,7 @@ SETS = [
     ("monitors-matched-210-213.json", None),  # four seeds
     ("monitors-matched-214-217.json", None),  # four seeds
     ("monitors-matched-218-221.json", None),  # four seeds
+    ("monitors-matched-222-225.json", None),  # four seeds
 ]
 SUBLAYER_FROM = 60  # the first seed watched by all of today's monitors (sublayer_ratio, the newest)
 DETECTOR_NAMES = {cls.name for cls in DETECTORS}
