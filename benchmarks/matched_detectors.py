@@ -60,6 +60,7 @@ from rksp_cli.monitors.attention_entropy import (
     spectrum_widths,
 )
 from rksp_cli.monitors.attention_logits import GROWTH, PREFIX, growth_alarm
+from rksp_cli.monitors.base import Alert
 from rksp_cli.monitors.failures import FAILURES, GPU_FAILURES, WatchedRun, by_kind, monitor_code
 from rksp_cli.monitors.r_metric import WEIGHTS, RMetric
 from rksp_cli.monitors.spectral_alignment import SignCollapse, activation_fed_layers
@@ -154,7 +155,7 @@ def saved_runs(seeds: set[int], runs: Path = RUNS) -> list[Path]:
     return sorted(p for p in runs.glob("*.json") if (name := NAME.fullmatch(p.name)) and int(name["seed"]) in seeds)
 
 
-def _first_alarm(rule: SignCollapse | UpdateConcentration | SublayerBurst, run: WatchedRun) -> int | None:
+def _first_alarm(rule: SignCollapse | UpdateConcentration, run: WatchedRun) -> int | None:
     """A rule's first alarm on a saved run, rescored from its logged metrics check by check."""
     return first_of(a.step for a in rule.rescore((c["step"], c["metrics"]) for c in run.series) if a.level == "alarm")
 
@@ -176,15 +177,22 @@ def spectral_alignment_alarm(run: WatchedRun) -> int | None:
     return _first_alarm(SignCollapse(set(activation_fed(run.failure, run.kind))), run)
 
 
+def sublayer_ratio_alerts(
+    run: WatchedRun, min_history: int = MIN_HISTORY, thresholds: tuple[float, float, float] = (FOLD, Z, JUMP)
+) -> list[Alert]:
+    """Today's sub-layer burst rule's alarms on a saved run, rescored from its logged ratios
+    (``SublayerBurst``: exact, since the rule reads nothing else); with ``min_history`` or
+    ``thresholds`` (fold, z, jump), the rule with no score before that many checks or with those
+    thresholds (candidates: benchmarks/candidate_replay.py; margins: benchmarks/sublayer_margin.py)."""
+    names = (s.name for s in find_sublayers(_model(run.failure, run.kind).blocks, "blocks"))
+    return SublayerBurst(names, thresholds, min_history).rescore((c["step"], c["metrics"]) for c in run.series)
+
+
 def sublayer_ratio_alarm(
     run: WatchedRun, min_history: int = MIN_HISTORY, thresholds: tuple[float, float, float] = (FOLD, Z, JUMP)
 ) -> int | None:
-    """Today's sub-layer burst rule's first alarm on a saved run, rescored from its logged ratios
-    (``SublayerBurst``: exact, since the rule reads nothing else); with ``min_history`` or
-    ``thresholds`` (fold, z, jump), the rule with no score before that many checks or with those
-    thresholds (candidates: benchmarks/candidate_replay.py)."""
-    names = (s.name for s in find_sublayers(_model(run.failure, run.kind).blocks, "blocks"))
-    return _first_alarm(SublayerBurst(names, thresholds, min_history), run)
+    """The first of ``sublayer_ratio_alerts``: that rule's first alarm on a saved run."""
+    return first_of(a.step for a in sublayer_ratio_alerts(run, min_history, thresholds))
 
 
 def attention_logits_alarm(run: WatchedRun, growth: float = GROWTH) -> int | None:

@@ -1,0 +1,101 @@
+"""How close each healthy control came to the sub-layer burst alarm (issue 16), from its saved run.
+
+A rule judged only by "no control alarmed" says nothing of how near one came, and a near miss on
+one set can be a false alarm on the next. The rule alarms when a branch's ratio passes three tests
+at one check: ``FOLD`` times its median, ``Z`` robust sd above it, ``JUMP`` times the last check.
+A control's margin is the largest s at which the rule with all three thresholds times s alarms on
+it, found by bisection on exact replays (``sublayer_ratio_alerts``): at every check at least one
+test stayed under s of its threshold, and at one check all three reached it. Under 1, the rule as
+shipped never alarmed on the run; 1 or more, it did. The table gives where that check was, the
+branch, and its ratio against its median and against the last check.
+
+Run: python benchmarks/sublayer_margin.py --seeds 222-225 [--runs DIR]; seconds, training nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from matched_detectors import RUNS, saved_runs, seed_range, sublayer_ratio_alerts
+
+from rksp_cli.monitors.base import Alert
+from rksp_cli.monitors.failures import WatchedRun
+from rksp_cli.monitors.sublayer_ratio import FOLD, JUMP, SublayerRatio, Z
+
+CEILING = 4.0  # margins are searched up to this multiple of the shipped thresholds
+TOLERANCE = 1e-4
+
+
+def _first(run: WatchedRun, scale: float) -> Alert | None:
+    alerts = sublayer_ratio_alerts(run, thresholds=(scale * FOLD, scale * Z, scale * JUMP))
+    return alerts[0] if alerts else None
+
+
+def margin(run: WatchedRun) -> tuple[float, Alert | None]:
+    """The largest multiple s of every threshold (within ``TOLERANCE``, at most ``CEILING``) at which
+    the rule alarms on ``run``, with its first alarm there; (0, None) if it never scores."""
+    if (alert := _first(run, CEILING)) is not None:
+        return CEILING, alert
+    low, high, found = 0.0, CEILING, None
+    while high - low > TOLERANCE:
+        middle = (low + high) / 2
+        if (alert := _first(run, middle)) is not None:
+            low, found = middle, alert
+        else:
+            high = middle
+    return low, found
+
+
+def _jump(run: WatchedRun, alert: Alert) -> float:
+    """The branch's ratio at the alert's check over its ratio at the check before."""
+    key = f"{SublayerRatio.name}/{alert.layer}"
+    ratios = [(c["step"], c["metrics"][key]) for c in run.series if key in c["metrics"]]
+    at = next(i for i, (step, _) in enumerate(ratios) if step == alert.step)
+    return ratios[at][1] / ratios[at - 1][1]
+
+
+def margins(runs: list[WatchedRun]) -> list[dict[str, Any]]:
+    """Each control watched by ``sublayer_ratio``, closest first."""
+    rows = []
+    for run in runs:
+        if run.kind == "failing" or SublayerRatio.name not in run.monitors:
+            continue
+        share, alert = margin(run)
+        row = {"failure": run.failure, "kind": run.kind, "seed": run.seed, "margin": round(share, 3)}
+        if alert is not None:
+            row |= {"step": alert.step, "branch": alert.layer, "fold": alert.value, "jump": _jump(run, alert)}
+        rows.append(row)
+    return sorted(rows, key=lambda r: -r["margin"])
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| control | margin (share of every threshold) | step | branch | x its median | x the last check |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        where = f"{r['step']} | {r['branch']} | {r['fold']:.2f} | {r['jump']:.2f}" if "step" in r else "- | - | - | -"
+        ceiling = ">= " if r["margin"] >= CEILING else ""
+        lines.append(f"| {r['failure']} {r['kind']} {r['seed']} | {ceiling}{r['margin']:.2f} | {where} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=seed_range, required=True, help="the seeds read (a range a-b)")
+    parser.add_argument("--runs", type=Path, default=RUNS, help="folder of the saved runs")
+    args = parser.parse_args()
+    paths = saved_runs(args.seeds, args.runs)
+    if not paths:
+        parser.error(f"no saved runs of seeds {min(args.seeds)}-{max(args.seeds)} under {args.runs}")
+    rows = margins([WatchedRun.from_dict(json.loads(p.read_text())) for p in paths])
+    if not rows:
+        parser.error(f"no control watched by {SublayerRatio.name} among the saved runs of those seeds")
+    print(markdown(rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""How near each control came to the sub-layer burst alarm (benchmarks/sublayer_margin.py)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rksp_cli.monitors.failures import WatchedRun
+from rksp_cli.monitors.sublayer_ratio import FOLD, JUMP, Z
+
+ROOT = Path(__file__).resolve().parent.parent
+BRANCH = "blocks.3.mlp"
+
+
+@pytest.fixture
+def margins(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # the scripts import their siblings
+    import sublayer_margin
+
+    return sublayer_margin
+
+
+def control(burst: float, kind: str = "control", at: int = 25) -> WatchedRun:
+    """A deep Pre-LN control checked every 50 steps whose one branch wiggles around 0.1 but for a
+    ``burst``-fold step at check ``at`` (held for the rest of the run)."""
+    series = [
+        {
+            "step": 50 * i,
+            "metrics": {f"sublayer_ratio/{BRANCH}": 0.1 * (1 + 0.02 * (i % 4)) * (burst if i >= at else 1)},
+        }
+        for i in range(1, 41)
+    ]
+    return WatchedRun(
+        "post_ln_without_warmup",
+        kind,
+        3,
+        2000,
+        [4.0] * 2000,
+        [1.0] * 2000,
+        None,
+        [],
+        ["sublayer_ratio"],
+        0.1,
+        {},
+        series=series,
+    )
+
+
+def test_the_margin_is_where_the_scaled_rule_starts_to_alarm(margins):
+    """Just under the margin every threshold scaled by it alarms on the run; just over it, none does."""
+    from matched_detectors import sublayer_ratio_alarm
+
+    run = control(1.6)
+    share, alert = margins.margin(run)
+    assert 0 < share < 1 and alert is not None and alert.step == 1250 and alert.layer == BRANCH
+    step = 2 * margins.TOLERANCE
+    for scale, alarms in ((share - step, True), (share + step, False)):
+        thresholds = (scale * FOLD, scale * Z, scale * JUMP)
+        assert (sublayer_ratio_alarm(run, thresholds=thresholds) is not None) is alarms
+
+
+def test_a_larger_burst_comes_closer_and_a_false_alarm_reads_at_least_one(margins):
+    small, large, alarm = (margins.margin(control(b))[0] for b in (1.3, 1.8, 12.0))
+    assert small < large < 1 <= alarm
+
+
+def test_the_table_lists_controls_only_closest_first(margins):
+    rows = margins.margins([control(1.3), control(1.8, "control_low_lr"), control(1.8, "failing")])
+    assert [r["kind"] for r in rows] == ["control_low_lr", "control"]
+    assert rows[0]["step"] == 1250 and rows[0]["jump"] == pytest.approx(1.8, rel=0.05)
+    assert "| post_ln_without_warmup control_low_lr 3 |" in margins.markdown(rows)
+
+
+def test_no_saved_runs_is_a_usage_error(tmp_path):
+    script = ROOT / "benchmarks" / "sublayer_margin.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--seeds", "5-6", "--runs", str(tmp_path)], capture_output=True, text=True
+    )
+    assert done.returncode == 2 and "no saved runs of seeds 5-6" in done.stderr
