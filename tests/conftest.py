@@ -1,6 +1,9 @@
 """Shared fixtures: small transformers configs and checkpoints made on the spot (no hub access)."""
 
+import importlib
+from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
@@ -48,3 +51,11 @@ def write_yaml(tmp_path: Path):
         return path
 
     return make
+
+
+@pytest.fixture
+def benchmark_script(monkeypatch) -> Callable[[str], ModuleType]:
+    """Imports a script of benchmarks/ by name, with that folder on the path (the scripts import
+    their siblings, e.g. ``machine``, as they do when run)."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    return importlib.import_module

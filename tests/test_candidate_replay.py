@@ -1,22 +1,16 @@
 """A stated candidate for a monitor's rule, replayed on saved runs (benchmarks/candidate_replay.py)."""
 
-from pathlib import Path
-
 import pytest
 import torch
 
 from rksp_cli.monitors.failures import WatchedRun
 
-ROOT = Path(__file__).resolve().parent.parent
 LAYER = "blocks.11.attn"  # a late attention branch of deep Post-LN's Pre-LN control
 
 
 @pytest.fixture
-def candidate(monkeypatch):
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # the scripts import their siblings
-    import candidate_replay
-
-    return candidate_replay
+def candidate(benchmark_script):
+    return benchmark_script("candidate_replay")
 
 
 def watched(failure: str, monitor: str, kind: str, series: list[dict], steps: int, failed_at: int | None) -> WatchedRun:

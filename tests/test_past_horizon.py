@@ -1,22 +1,16 @@
 """Failing runs trained on past the benchmark's horizon (benchmarks/past_horizon.py)."""
 
 import math
-from pathlib import Path
 
 import pytest
 
 from rksp_cli.monitors.base import Alert
 from rksp_cli.monitors.failures import WatchedRun
 
-ROOT = Path(__file__).resolve().parent.parent
-
 
 @pytest.fixture
-def past_horizon(monkeypatch):
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # the scripts import their siblings
-    import past_horizon
-
-    return past_horizon
+def past_horizon(benchmark_script):
+    return benchmark_script("past_horizon")
 
 
 def watched(losses: list[float], alarm_at: int | None) -> WatchedRun:

@@ -1,20 +1,15 @@
 """Pooling the held-out sets' counts (benchmarks/pooled_bars.py)."""
 
 import json
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
 RKSP = "rksp (first alarm of any monitor, as shipped)"
 
 
 @pytest.fixture
-def pooled(monkeypatch):
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # the scripts import their siblings
-    import pooled_bars
-
-    return pooled_bars
+def pooled(benchmark_script):
+    return benchmark_script("pooled_bars")
 
 
 def a_set(first: int, failed: int, met: int | None, earliest: int, false_alarms: int = 0) -> dict:

@@ -14,11 +14,8 @@ BRANCH = "blocks.3.mlp"
 
 
 @pytest.fixture
-def margins(monkeypatch):
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # the scripts import their siblings
-    import sublayer_margin
-
-    return sublayer_margin
+def margins(benchmark_script):
+    return benchmark_script("sublayer_margin")
 
 
 def control(burst: float, kind: str = "control", at: int = 25) -> WatchedRun:
