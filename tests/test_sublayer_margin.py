@@ -28,18 +28,19 @@ def control(burst: float, kind: str = "control", at: int = 25) -> WatchedRun:
         }
         for i in range(1, 41)
     ]
+    steps = 50 * len(series)
     return WatchedRun(
-        "post_ln_without_warmup",
-        kind,
-        3,
-        2000,
-        [4.0] * 2000,
-        [1.0] * 2000,
-        None,
-        [],
-        ["sublayer_ratio"],
-        0.1,
-        {},
+        failure="post_ln_without_warmup",
+        kind=kind,
+        seed=3,
+        steps=steps,
+        losses=[4.0] * steps,
+        grad_norms=[1.0] * steps,
+        exploded_step=None,
+        alerts=[],
+        monitors=["sublayer_ratio"],
+        step_seconds=0.1,
+        check_seconds={},
         series=series,
     )
 
