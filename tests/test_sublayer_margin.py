@@ -45,10 +45,9 @@ def control(burst: float, kind: str = "control", at: int = 25) -> WatchedRun:
     )
 
 
-def test_the_margin_is_where_the_scaled_rule_starts_to_alarm(margins):
+def test_the_margin_is_where_the_scaled_rule_starts_to_alarm(margins, benchmark_script):
     """Just under the margin every threshold scaled by it alarms on the run; just over it, none does."""
-    from matched_detectors import sublayer_ratio_alarm
-
+    sublayer_ratio_alarm = benchmark_script("matched_detectors").sublayer_ratio_alarm
     run = control(1.6)
     share, alert = margins.margin(run)
     assert 0 < share < 1 and alert is not None and alert.step == 1250 and alert.layer == BRANCH
