@@ -75,6 +75,7 @@ SETS = [
     ("monitors-matched-222-225.json", None),  # four seeds
     ("monitors-matched-226-227.json", None),  # two seeds: the end of a session
     ("monitors-matched-228-231.json", None),  # four seeds, on an AMD EPYC
+    ("monitors-matched-232-233.json", None),  # two seeds: the end of a session
 ]
 SUBLAYER_FROM = 60  # the first seed watched by all of today's monitors (sublayer_ratio, the newest)
 DETECTOR_NAMES = {cls.name for cls in DETECTORS}
