@@ -7,7 +7,8 @@ A control's margin is the largest s at which the rule with all three thresholds 
 it, found by bisection on exact replays (``sublayer_ratio_alerts``): at every check at least one
 test stayed under s of its threshold, and at one check all three reached it. Under 1, the rule as
 shipped never alarmed on the run; 1 or more, it did. The table gives where that check was, the
-branch, and its ratio against its median and against the last check.
+branch, and its ratio against its median and against the last check; under it, a line per failure
+counts its distinct controls at or above margins 0.7, 0.8, 0.9 and 1.
 
 Run: python benchmarks/sublayer_margin.py --seeds 222-225 [--runs DIR]; seconds, training nothing.
 """
@@ -26,6 +27,7 @@ from rksp_cli.monitors.failures import WatchedRun
 from rksp_cli.monitors.sublayer_ratio import FOLD, JUMP, SublayerRatio, Z
 
 CEILING = 4.0  # margins are searched up to this multiple of the shipped thresholds
+NEAR = (0.7, 0.8, 0.9, 1.0)  # the summary counts controls at or above each of these margins
 TOLERANCE = 1e-4
 
 
@@ -57,14 +59,28 @@ def _jump(run: WatchedRun, alert: Alert) -> float:
     return ratios[at][1] / ratios[at - 1][1]
 
 
+def _ratios(check: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in check["metrics"].items() if k.startswith(f"{SublayerRatio.name}/")}
+
+
 def margins(runs: list[WatchedRun]) -> list[dict[str, Any]]:
-    """Each control watched by ``sublayer_ratio``, closest first."""
-    rows = []
+    """Each control watched by ``sublayer_ratio``, closest first. Two failures that share a control
+    (width 64's growth and low precision both train lr 0.01 without the fault) save the same run
+    twice; it is one row, naming both, so that one near miss does not read as two. Runs are matched
+    on the ratios the rule reads: the rest of a check may differ (the R-Metric counts measured
+    step-time stragglers)."""
+    rows: list[dict[str, Any]] = []
+    seen: dict[tuple[str, int, str], dict[str, Any]] = {}
     for run in runs:
         if run.kind == "failing" or SublayerRatio.name not in run.monitors:
             continue
+        same = (run.kind, run.seed, json.dumps([_ratios(c) for c in run.series], sort_keys=True))
+        if (twin := seen.get(same)) is not None:
+            twin["failure"] += f" / {run.failure}"
+            continue
         share, alert = margin(run)
         row = {"failure": run.failure, "kind": run.kind, "seed": run.seed, "margin": round(share, 3)}
+        seen[same] = row
         if alert is not None:
             row |= {"step": alert.step, "branch": alert.layer, "fold": alert.value, "jump": _jump(run, alert)}
         rows.append(row)
@@ -83,6 +99,17 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def summary(rows: list[dict[str, Any]]) -> str:
+    """Lines under the table, one per failure: how many distinct controls came how near, so that a
+    pooled read over many sets does not rest on the closest row alone."""
+    lines = []
+    for failure in dict.fromkeys(r["failure"] for r in sorted(rows, key=lambda r: r["failure"])):
+        near = [r["margin"] for r in rows if r["failure"] == failure]
+        counts = ", ".join(f">= {at:g}: {sum(m >= at for m in near)}" for at in NEAR)
+        lines.append(f"{failure}: {len(near)} controls; margin {counts}")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=seed_range, required=True, help="the seeds read (a range a-b)")
@@ -95,6 +122,8 @@ def main() -> None:
     if not rows:
         parser.error(f"no control watched by {SublayerRatio.name} among the saved runs of those seeds")
     print(markdown(rows))
+    print()
+    print(summary(rows))
 
 
 if __name__ == "__main__":

@@ -11,6 +11,8 @@ from rksp_cli.monitors.sublayer_ratio import FOLD, JUMP, Z
 
 ROOT = Path(__file__).resolve().parent.parent
 BRANCH = "blocks.3.mlp"
+WIDTH_64 = ("attention_logit_growth", "low_precision_attention")  # two blocks, one shared control
+WIDTH_64_BRANCH = "blocks.1.mlp"
 
 
 @pytest.fixture
@@ -18,19 +20,21 @@ def margins(benchmark_script):
     return benchmark_script("sublayer_margin")
 
 
-def control(burst: float, kind: str = "control", at: int = 25) -> WatchedRun:
-    """A deep Pre-LN control checked every 50 steps whose one branch wiggles around 0.1 but for a
-    ``burst``-fold step at check ``at`` (held for the rest of the run)."""
+def control(
+    burst: float, kind: str = "control", at: int = 25, failure: str = "post_ln_without_warmup", branch: str = BRANCH
+) -> WatchedRun:
+    """A deep Pre-LN control (or ``failure``'s) checked every 50 steps whose one branch wiggles
+    around 0.1 but for a ``burst``-fold step at check ``at`` (held for the rest of the run)."""
     series = [
         {
             "step": 50 * i,
-            "metrics": {f"sublayer_ratio/{BRANCH}": 0.1 * (1 + 0.02 * (i % 4)) * (burst if i >= at else 1)},
+            "metrics": {f"sublayer_ratio/{branch}": 0.1 * (1 + 0.02 * (i % 4)) * (burst if i >= at else 1)},
         }
         for i in range(1, 41)
     ]
     steps = 50 * len(series)
     return WatchedRun(
-        failure="post_ln_without_warmup",
+        failure=failure,
         kind=kind,
         seed=3,
         steps=steps,
@@ -67,6 +71,32 @@ def test_the_table_lists_controls_only_closest_first(margins):
     assert [r["kind"] for r in rows] == ["control_low_lr", "control"]
     assert rows[0]["step"] == 1250 and rows[0]["jump"] == pytest.approx(1.8, rel=0.05)
     assert "| post_ln_without_warmup control_low_lr 3 |" in margins.markdown(rows)
+
+
+def test_a_control_two_failures_share_is_one_row_naming_both(margins):
+    """Width 64's growth and low precision save the same control run twice: one near miss, not two."""
+    shared = [control(1.8, failure=f, branch=WIDTH_64_BRANCH) for f in WIDTH_64]
+    rows = margins.margins([*shared, control(1.3)])
+    assert [r["failure"] for r in rows] == [" / ".join(WIDTH_64), "post_ln_without_warmup"]
+    assert rows[0]["margin"] > 0 and rows[0]["branch"] == WIDTH_64_BRANCH
+    shared[1].series[3]["metrics"]["r_lambda"] = 1.0  # a straggler, measured: still the same run
+    rows = margins.margins(shared)
+    assert len(rows) == 1 and rows[0]["failure"] == " / ".join(WIDTH_64)
+    other = control(1.8, failure=WIDTH_64[1], branch=WIDTH_64_BRANCH)
+    other.series[0]["metrics"][f"sublayer_ratio/{WIDTH_64_BRANCH}"] *= 1.01  # a different run: two rows
+    assert len(margins.margins([shared[0], other])) == 2
+
+
+def test_the_summary_counts_distinct_controls_by_margin_per_failure(margins):
+    deep = [control(b) for b in (1.3, 1.8, 12.0)]
+    shared = [control(1.8, failure=f, branch=WIDTH_64_BRANCH) for f in WIDTH_64]
+    rows = margins.margins([*deep, *shared])
+    near = [r["margin"] for r in rows if r["failure"] == "post_ln_without_warmup"]
+    lines = margins.summary(rows).splitlines()
+    assert lines[0].startswith(" / ".join(WIDTH_64) + ": 1 controls;")
+    assert lines[1].startswith("post_ln_without_warmup: 3 controls;") and lines[1].endswith(">= 1: 1")
+    for at in margins.NEAR:
+        assert f">= {at:g}: {sum(m >= at for m in near)}" in lines[1]
 
 
 def test_no_saved_runs_is_a_usage_error(tmp_path):
