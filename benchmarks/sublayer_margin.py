@@ -103,7 +103,7 @@ def summary(rows: list[dict[str, Any]]) -> str:
     """Lines under the table, one per failure: how many distinct controls came how near, so that a
     pooled read over many sets does not rest on the closest row alone."""
     lines = []
-    for failure in dict.fromkeys(r["failure"] for r in sorted(rows, key=lambda r: r["failure"])):
+    for failure in sorted({r["failure"] for r in rows}):
         near = [r["margin"] for r in rows if r["failure"] == failure]
         counts = ", ".join(f">= {at:g}: {sum(m >= at for m in near)}" for at in NEAR)
         lines.append(f"{failure}: {len(near)} controls; margin {counts}")
