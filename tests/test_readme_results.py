@@ -50,7 +50,7 @@ HELD_OUT_TABLES = [
     *(("monitors", "actions_markdown", f, "actions") for f in _sets("monitors-postln-actions-*-*.json", since=84)),
     ("monitors", "actions_markdown", "monitors-postln-control86-88-rollback.json", "actions"),
     ("monitors", "actions_markdown", "monitors-postln-control96-101-rollback.json", "actions"),
-        ("monitors", "actions_markdown", "monitors-postln-control102-107-rollback.json", "actions"),
+    ("monitors", "actions_markdown", "monitors-postln-control102-107-rollback.json", "actions"),
     ("monitors", "actions_markdown", "monitors-postln-rollback-once-257.json", "actions"),
     ("monitors", "guarded_runs_markdown", "monitors-postln-rollback-once-257.json", "guarded_runs"),
 ]
