@@ -53,6 +53,8 @@ HELD_OUT_TABLES = [
     ("monitors", "actions_markdown", "monitors-postln-control102-107-rollback.json", "actions"),
     ("monitors", "actions_markdown", "monitors-postln-rollback-once-257.json", "actions"),
     ("monitors", "guarded_runs_markdown", "monitors-postln-rollback-once-257.json", "guarded_runs"),
+    ("monitors", "actions_markdown", "monitors-postln-rollback-once-252-259.json", "actions"),
+    ("monitors", "guarded_runs_markdown", "monitors-postln-rollback-once-252-259.json", "guarded_runs"),
 ]
 
 
