@@ -55,6 +55,8 @@ HELD_OUT_TABLES = [
     ("monitors", "guarded_runs_markdown", "monitors-postln-rollback-once-257.json", "guarded_runs"),
     ("monitors", "actions_markdown", "monitors-postln-rollback-once-252-259.json", "actions"),
     ("monitors", "guarded_runs_markdown", "monitors-postln-rollback-once-252-259.json", "guarded_runs"),
+    ("monitors", "actions_markdown", "monitors-postln-rollback-once-261-263.json", "actions"),
+    ("monitors", "guarded_runs_markdown", "monitors-postln-rollback-once-261-263.json", "guarded_runs"),
 ]
 
 
