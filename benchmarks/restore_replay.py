@@ -30,13 +30,17 @@ from matched_detectors import RUNS, activation_fed
 from rksp_cli.monitors.spectral_alignment import SignCollapse
 
 
+# The candidates are written here, not as ``SignCollapse.restored()``, so that the monitors' code, and
+# with it the fingerprint of the held-out record, stays as it is until one is shipped.
 def keep(rule: SignCollapse) -> None:
+    """Forget the streaks and the increment that would span the restore; keep the histories."""
     rule.persistence.clear()
     rule._recent_z.clear()
     rule._log_sigma = dict.fromkeys(rule._log_sigma)  # no increment across the restore; not a first check
 
 
 def rebuild(rule: SignCollapse) -> None:
+    """As ``keep``, and start the increment histories again: no score for their first 10 checks."""
     keep(rule)
     rule._growth.clear()
 

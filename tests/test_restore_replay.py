@@ -44,7 +44,8 @@ def test_keep_starts_the_streak_and_the_increments_again_after_a_restore(replay)
 
 
 def test_rebuild_waits_for_a_new_history(replay):
-    # the increment histories start again: no score for 10 checks after the restore
+    # the increment histories start again: no score for 10 checks after the restore, and an alarm
+    # on a collapse once they have them
     assert replay.alarms(twin(), replay.rebuild, frozenset()) == []
     assert replay.alarms(twin(restore_at=5, checks=30), replay.rebuild, frozenset())[0] > 50 * 16
 
