@@ -55,10 +55,7 @@ def alarms(run: dict, on_restore: Callable[[SignCollapse], None] | None, fed: fr
     restores = {a["step"] for a in run["actions"] if a["action"] == "rollback"}
     rule, steps = SignCollapse(set(fed)), []
     for check in run["series"]:
-        metrics = check["metrics"]
-        layers = [k.removeprefix("sa_entropy/") for k in metrics if k.startswith("sa_entropy/")]
-        measured = {n: (metrics[f"sa_entropy/{n}"], metrics[f"sa_sigma1/{n}"], None) for n in layers}
-        if measured and any(a.level == "alarm" for a in rule.score(check["step"], measured)[1]):
+        if any(a.level == "alarm" for a in rule.rescore([(check["step"], check["metrics"])])):
             steps.append(check["step"])
         if on_restore is not None and check["step"] in restores:
             on_restore(rule)

@@ -51,12 +51,12 @@ HELD_OUT_TABLES = [
     ("monitors", "actions_markdown", "monitors-postln-control86-88-rollback.json", "actions"),
     ("monitors", "actions_markdown", "monitors-postln-control96-101-rollback.json", "actions"),
     ("monitors", "actions_markdown", "monitors-postln-control102-107-rollback.json", "actions"),
-    ("monitors", "actions_markdown", "monitors-postln-rollback-once-257.json", "actions"),
-    ("monitors", "guarded_runs_markdown", "monitors-postln-rollback-once-257.json", "guarded_runs"),
-    ("monitors", "actions_markdown", "monitors-postln-rollback-once-252-259.json", "actions"),
-    ("monitors", "guarded_runs_markdown", "monitors-postln-rollback-once-252-259.json", "guarded_runs"),
-    ("monitors", "actions_markdown", "monitors-postln-rollback-once-261-263.json", "actions"),
-    ("monitors", "guarded_runs_markdown", "monitors-postln-rollback-once-261-263.json", "guarded_runs"),
+    # each held-out rollback-once rerun: what it did, and how each run ended
+    *(
+        ("monitors", printer, f.name, key)
+        for f in sorted(RESULTS.glob("monitors-postln-rollback-once-*.json"))
+        for printer, key in (("actions_markdown", "actions"), ("guarded_runs_markdown", "guarded_runs"))
+    ),
 ]
 
 
