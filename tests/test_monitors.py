@@ -136,6 +136,24 @@ def test_spectral_alignment_alarms_only_on_a_fresh_collapse(collapse_at, alarms)
     assert ("alarm" in found) is alarms and found.count("warning") == 1
 
 
+def test_spectral_alignment_told_of_a_restore_scores_nothing_across_it():
+    """A guard's rollback (``Monitor.restored``): no collapse streak and no sigma_1 increment spans the
+    restore, and the increment histories start again. Told nothing, the rule alarms on a streak of two
+    checks before a restore and one after (on the saved twins of 257 and 262 such alarms sent the runs
+    back to step 0 again and again)."""
+    model = GPT(GPTConfig(n_layers=1))
+    monitor = Monitor(model, every=1, monitors=["spectral_alignment"])
+    (sa,) = monitor.monitors
+    untold, log_sigma = SignCollapse(), 0.0
+    for check in range(1, 19):  # collapsed from check 16 on, sigma_1 then growing 20% a check
+        if check == 18:
+            monitor.restored()
+        log_sigma += 0.2 if check >= 16 else 0.01
+        measured = {"fc": (0.0 if check >= 16 else 1.0, math.exp(log_sigma), None)}
+        told, alerted = sa.rule.score(check, measured)[1], untold.score(check, measured)[1]
+    assert [a.level for a in alerted] == ["alarm"] and told == []
+
+
 def test_spectral_alignment_rescored_from_its_logged_metrics_gives_the_same_alerts():
     """SignCollapse reads only H_s and sigma_1, so a logged run's metrics, fed back, rescore it exactly
     (how the benchmarks apply a changed exemption to runs watched before it)."""

@@ -148,11 +148,24 @@ class SignCollapse:
         self.fed = set(fed or ())  # layers fed by a bounded activation: never alerting
         self.exempt: set[str] = set()  # collapsed from the first check on, or fed: reported, never alerting
         self.persistence = Persistence(PATIENCE)
-        self._log_sigma: dict[str, float] = {}
+        self._log_sigma: dict[str, float | None] = {}  # None: no increment into the next check
         self._growth: dict[str, RobustDrift] = defaultdict(lambda: RobustDrift(direction=1, window=20))
         self._recent_z: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=PATIENCE))
         self._dipped: set[str] = set()  # below the warning line now (warned once on the way down)
         self._since_spread: dict[str, int] = {}  # checks since H_s was last at or above the warning line
+
+    def restored(self) -> None:
+        """The weights were set back to an earlier state (a guard's rollback). Told nothing, the rule
+        scored a 3-check streak spanning the restore, the fall of sigma_1 across it, and the replayed
+        early steps against late-training increments: on the saved rollback twins of 222-263 every
+        later rollback of the two runs sent back to step 0 again and again (257, 262) was this
+        rule's. So no streak and no increment spans a restore, and the increment histories start
+        again, as at a run's first check (no growth score for 10 checks); exempt layers stay exempt.
+        Replayed on the twins of 222-263 (chosen there) and 264-267 (judged): benchmarks/restore_replay.py."""
+        self.persistence.clear()
+        self._recent_z.clear()
+        self._growth.clear()
+        self._log_sigma = dict.fromkeys(self._log_sigma)
 
     def _sigma_growth(self, name: str, sigma: float) -> float:
         """The median robust z of sigma_1's log increment over the last PATIENCE checks (0 before a history):
@@ -232,6 +245,10 @@ class SpectralAlignment:
     @property
     def exempt(self) -> set[str]:
         return self.rule.exempt
+
+    def restored(self) -> None:
+        """The weights were set back (a guard's rollback): the rule starts its streaks and histories again."""
+        self.rule.restored()
 
     def remove(self) -> None:
         self.sampler.remove()
