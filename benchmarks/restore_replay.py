@@ -1,14 +1,15 @@
 """Does `spectral_alignment` set off fewer rollbacks now that a restore resets it? (issue 16)
 
-A guard's rollback sets the weights back, and the monitors are told (``restored()``). Until monitor
-code c55e6e62ca8c3122 `spectral_alignment` was not: its alarm asks for 3 collapsed checks in a row and
-for sigma_1's log increments to be abnormal against the layer's last 20 checks, so after a restore it
-scored a streak that spanned the restore, the fall of sigma_1 across it, and the replayed early steps
-against a late-training history. On the saved rollback twins of 222-263 that set off every later
-rollback of the two runs sent back to step 0 again and again (257, 262). Two candidates were replayed
-there; ``SignCollapse.restored()`` ships the one judged on the twins of 264-267 (``rebuild``: streaks,
-the increment across the restore and the increment histories start again). The other, ``keep``
-(histories kept), alarmed again on 257's ``rollback-once`` twin and was not taken.
+A guard's rollback sets the weights back, and the monitors are told (``restored()``). Up to monitor
+code c55e6e62ca8c3122, that one included, `spectral_alignment` was not: its alarm asks for 3
+collapsed checks in a row and for sigma_1's log increments to be abnormal against the layer's last 20
+checks, so after a restore it scored a streak that spanned the restore, the fall of sigma_1 across
+it, and the replayed early steps against a late-training history. On the saved rollback twins of
+222-263 that set off every later rollback of the two runs sent back to step 0 again and again (257,
+262). Two candidates were replayed there; ``SignCollapse.restored()`` ships the one judged on the
+twins of 264-267 (``rebuild``: streaks, the increment across the restore and the increment histories
+start again). The other, ``keep`` (histories kept), alarmed again on 257's ``rollback-once`` twin and
+was not taken.
 
 This replays the rule (``SignCollapse``, exact: it reads only the logged sign entropies and sigma_1)
 on every saved rollback twin, untold and told of its restores, and refuses a twin whose replay as it
