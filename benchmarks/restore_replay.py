@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
@@ -39,15 +38,15 @@ UNTOLD = frozenset({"c55e6e62ca8c3122"})
 _fed = cache(activation_fed)  # one model built per failure and kind
 
 
-def alarms(run: dict, on_restore: Callable[[SignCollapse], None] | None, fed: frozenset[str]) -> list[int]:
+def alarms(run: dict, told: bool, fed: frozenset[str]) -> list[int]:
     """The checks at which the rule alarms on a saved guarded run, told of its restores or not."""
     restores = {a["step"] for a in run["actions"] if a["action"] == "rollback"}
     rule, steps = SignCollapse(set(fed)), []
     for check in run["series"]:
         if any(a.level == "alarm" for a in rule.rescore([(check["step"], check["metrics"])])):
             steps.append(check["step"])
-        if on_restore is not None and check["step"] in restores:
-            on_restore(rule)
+        if told and check["step"] in restores:
+            rule.restored()
     return steps
 
 
@@ -68,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
     for path in twins:
         run = json.loads(path.read_text())
         fed = _fed(run["failure"], run["kind"])
-        untold, told = alarms(run, None, fed), alarms(run, SignCollapse.restored, fed)
+        untold, told = alarms(run, False, fed), alarms(run, True, fed)
         saved = {a["step"] for a in run["alerts"] if a["monitor"] == "spectral_alignment" and a["level"] == "alarm"}
         if (untold if run.get("monitor_code") in UNTOLD else told) != sorted(saved):
             raise SystemExit(f"{path.name}: the replay does not give the saved alarms, so it is not exact")
@@ -78,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
         once = path.with_name(path.name.replace("-rollback.json", "-rollback-once.json"))
         after = "not saved"
         if once.exists():
-            after = _listed(alarms(json.loads(once.read_text()), SignCollapse.restored, fed))
+            after = _listed(alarms(json.loads(once.read_text()), True, fed))
         acted = _listed([a["step"] for a in run["actions"] if a["action"] == "rollback"])
         name = f"{run['failure']} {run['kind']} {run['seed']}"
         print(f"| {name} | {acted} | {_listed(untold)} / {_listed(told)} | {after} |")

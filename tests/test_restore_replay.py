@@ -4,8 +4,6 @@ import json
 
 import pytest
 
-from rksp_cli.monitors.spectral_alignment import SignCollapse
-
 LAYER = "blocks.0.attn.qkv"
 UNTOLD_CODE = "c55e6e62ca8c3122"  # the monitor code before spectral_alignment was told of restores
 
@@ -39,14 +37,14 @@ def twin(restore_at: int = 17, checks: int = 21, code: str = UNTOLD_CODE) -> dic
 
 def test_untold_the_rule_scores_a_streak_that_spans_the_restore(replay):
     # checks 16, 17 before the restore and 18 after it make the untold rule's 3-check streak
-    assert replay.alarms(twin(), None, frozenset())[0] == 50 * 18
+    assert replay.alarms(twin(), False, frozenset())[0] == 50 * 18
 
 
 def test_told_the_rule_waits_for_a_new_history(replay):
     # the streaks and increment histories start again: no score for 10 checks after the restore, and
     # an alarm on a collapse once they have them
-    assert replay.alarms(twin(), SignCollapse.restored, frozenset()) == []
-    assert replay.alarms(twin(restore_at=5, checks=30), SignCollapse.restored, frozenset())[0] > 50 * 16
+    assert replay.alarms(twin(), True, frozenset()) == []
+    assert replay.alarms(twin(restore_at=5, checks=30), True, frozenset())[0] > 50 * 16
 
 
 def test_a_replay_that_does_not_give_the_saved_alarms_is_refused(replay, tmp_path):
