@@ -102,7 +102,7 @@ bench-monitors-matched: install
 # to 10,000 steps without monitors (about 19 minutes each, two at a time), then the bars, and the
 # races rksp lost to a detector, pooled over every held-out set. Resumable: each run is saved as
 # it finishes (in a git-ignored folder: a fresh checkout starts the set over).
-HELD_OUT ?= 268
+HELD_OUT ?= 272
 HELD_OUT_COUNT ?= 6
 HELD_OUT_SEEDS = $(HELD_OUT)-$(shell echo $$(($(HELD_OUT) + $(HELD_OUT_COUNT) - 1)))
 bench-monitors-heldout: install

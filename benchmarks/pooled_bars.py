@@ -86,6 +86,7 @@ SETS = [
     ("monitors-matched-256-259.json", None),  # four seeds, on an AMD EPYC
     ("monitors-matched-260-263.json", None),  # four seeds, on an AMD EPYC
     ("monitors-matched-264-267.json", None),  # four seeds, on an AMD EPYC
+    ("monitors-matched-268-271.json", None),  # four seeds, on an AMD EPYC
 ]
 SUBLAYER_FROM = 60  # the first seed watched by all of today's monitors (sublayer_ratio, the newest)
 DETECTOR_NAMES = {cls.name for cls in DETECTORS}
