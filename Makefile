@@ -11,7 +11,7 @@ TORCH  := torch==2.13.0
 STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 SCREEN ?= screens/gpt-small-noln.yaml
 
-.PHONY: install screen test lint format clean bench-norms bench-sweep bench-dmd bench-scale bench-kss bench-kss-regime bench-faults bench-monitors bench-monitors-matched bench-monitors-heldout bench-monitors-gpu bench-monitors-gpu-table bench-attention-entropy bench-stability bench-known-spectrum bench-ladder bench-published calibration calibration-gpu horizon rescreen token-samples refit
+.PHONY: install screen test lint format clean bench-norms bench-sweep bench-dmd bench-scale bench-kss bench-kss-regime bench-faults bench-monitors bench-monitors-matched bench-monitors-heldout runs-pack runs-unpack bench-monitors-gpu bench-monitors-gpu-table bench-attention-entropy bench-stability bench-known-spectrum bench-ladder bench-published calibration calibration-gpu horizon rescreen token-samples refit
 
 install: $(STAMP)
 
@@ -101,11 +101,12 @@ bench-monitors-matched: install
 # an earlier comparison (a replay), any failing run that had not failed by its horizon trained on
 # to 10,000 steps without monitors (about 19 minutes each, two at a time), then the bars, and the
 # races rksp lost to a detector, pooled over every held-out set. Resumable: each run is saved as
-# it finishes (in a git-ignored folder: a fresh checkout starts the set over).
+# it finishes (in a git-ignored folder), and the set's runs are packed at the end into
+# benchmarks/results/runs/, which is committed: a fresh checkout unpacks them first.
 HELD_OUT ?= 272
 HELD_OUT_COUNT ?= 6
 HELD_OUT_SEEDS = $(HELD_OUT)-$(shell echo $$(($(HELD_OUT) + $(HELD_OUT_COUNT) - 1)))
-bench-monitors-heldout: install
+bench-monitors-heldout: install runs-unpack
 	$(BIN)/python benchmarks/monitors.py --failures post_ln_without_warmup --first-seed $(HELD_OUT) \
 		--seeds $(HELD_OUT_COUNT) --policies '' --workers 2 --threads 1 --progress \
 		--out benchmarks/results/monitors-postln-$(HELD_OUT_SEEDS).json
@@ -118,6 +119,15 @@ bench-monitors-heldout: install
 	$(BIN)/python benchmarks/past_horizon.py --seeds $(HELD_OUT_SEEDS)
 	$(BIN)/python benchmarks/pooled_bars.py --with benchmarks/results/monitors-matched-$(HELD_OUT_SEEDS).json
 	$(BIN)/python benchmarks/pooled_bars.py --races --with benchmarks/results/monitors-matched-$(HELD_OUT_SEEDS).json
+	$(BIN)/python benchmarks/runs_archive.py pack --seeds $(HELD_OUT_SEEDS)
+
+# The saved runs (git-ignored JSON, about 1 MB a deep run) of seeds SEEDS=A-B, guarded twins
+# included, into one committed tar.xz under benchmarks/results/runs/, and every archive back into
+# benchmarks/results/monitors/ (a run saved there already is kept). Seconds.
+runs-pack: install
+	$(BIN)/python benchmarks/runs_archive.py pack --seeds $(SEEDS)
+runs-unpack: install
+	$(BIN)/python benchmarks/runs_archive.py unpack
 
 # Deep Post-LN at width 512 (failures.GPU_FAILURES), needs CUDA: three runs a seed (failing, Pre-LN
 # and low-lr controls) of up to 5000 steps, all at once on one GPU, each saved in
