@@ -5,13 +5,13 @@ A rule change found on the runs it would fix cannot be judged on them. So a cand
 benchmarks/monitors-log.md before the runs of the seeds that judge it are read. This script replays
 those seeds' saved runs (benchmarks/results/monitors/) under a baseline rule and under the
 candidate, which differ in one knob (``KNOBS``): the sub-layer rule's minimum history
-(``--min-history``), its three thresholds together (``--sublayer-scale``) or its fold and z thresholds
-with the jump test kept (``--sublayer-fold-z-scale``), the attention-logit
-rule's growth factor (``--logit-growth``), whether the R-Metric's loss term scores a fall in the
-loss (``--r-rises-only``), how many layers must breach at once for the attention-entropy rule to
-alarm (``--ae-corroborate``), or how far one layer must fall to alarm without a second
-(``--ae-alone-fall``). It reports each control's alarm from that monitor and each failing run's
-first rksp alarm, lead and lead bar under both.
+(``--min-history``), its three thresholds together (``--sublayer-scale``) or its fold and z
+thresholds with the jump test kept (``--sublayer-fold-z-scale``), the least branch ratio at which it
+alarms (``--sublayer-floor``), the attention-logit rule's growth factor (``--logit-growth``),
+whether the R-Metric's loss term scores a fall in the loss (``--r-rises-only``), how many layers
+must breach at once for the attention-entropy rule to alarm (``--ae-corroborate``), or how far one
+layer must fall to alarm without a second (``--ae-alone-fall``). It reports each control's alarm
+from that monitor and each failing run's first rksp alarm, lead and lead bar under both.
 
 Replay is exact because each rule reads only each check's logged values (``SublayerBurst``: the
 branches' ratios; ``growth_alarm``: the layers' largest logits; ``RMetric``: its three components,
@@ -44,10 +44,12 @@ sub-layer rule's fold, z and jump thresholds at 0.85 of those of seeds 60-217
 1.77x) and is not shipped. Stated for 214-217: the fold and z thresholds alone at 0.85, the jump
 test kept at 2x (``--sublayer-fold-z-scale 0.85``); it met the lead bar on two more runs there with no
 control alarm and is shipped from seed 218 on (``FOLD``, ``Z``); ``--sublayer-fold-z-scale 1``
-replays the former rule.
+replays the former rule. Stated for 274 on, after a width-64 control's sub-layer alarm on 272 (an MLP
+branch at 4% of its shortcut): no alarm from a branch under a tenth of its shortcut
+(``--sublayer-floor 0.1``, baseline 0: no floor, as shipped).
 Run: python benchmarks/candidate_replay.py --seeds 90-95 (--min-history N | --logit-growth X |
 --r-rises-only yes|no | --ae-corroborate N | --ae-alone-fall X | --sublayer-scale X |
---sublayer-fold-z-scale X) [--baseline VALUE] [--out FILE]
+--sublayer-fold-z-scale X | --sublayer-floor X) [--baseline VALUE] [--out FILE]
 """
 
 from __future__ import annotations
@@ -75,6 +77,7 @@ from matched_detectors import (
     saved_runs,
     seed_range,
     sublayer_ratio_alarm,
+    sublayer_ratio_alerts,
 )
 
 from rksp_cli.errors import InputError
@@ -83,7 +86,7 @@ from rksp_cli.monitors.attention_entropy import ALONE_FALL
 from rksp_cli.monitors.attention_logits import GROWTH
 from rksp_cli.monitors.failures import WatchedRun
 from rksp_cli.monitors.r_metric import RISES_ONLY
-from rksp_cli.monitors.sublayer_ratio import FOLD, MIN_HISTORY
+from rksp_cli.monitors.sublayer_ratio import FOLD, MIN_HISTORY, SublayerRatio
 
 RULES = ("baseline", "candidate")
 SUBLAYER_60_217 = (3.0, 8.0, 2.0)  # the sub-layer rule's (fold, z, jump) from seeds 60 to 217
@@ -148,6 +151,22 @@ def _scaled_fold_z(run: WatchedRun, scale: float) -> int | None:
     return sublayer_ratio_alarm(run, thresholds=(scale * fold, scale * z, jump))
 
 
+def _floor(text: str) -> float:
+    if not 0 <= (value := _number(text)) < math.inf:
+        raise ValueError("a floor is a ratio of branch to shortcut, 0 or more")
+    return value
+
+
+def _floored_sublayer(run: WatchedRun, floor: float) -> int | None:
+    """The sub-layer rule as shipped, except that a branch whose output is under ``floor`` times its
+    shortcut's does not alarm, however far it jumped: the candidate stated for 274 on, after a
+    width-64 control's MLP branch went from 0.8% to 4% of its shortcut (4.7x its median). Exact as a
+    filter on the shipped rule's alarms: each branch's history takes its ratio whether or not it alarms."""
+    ratios = {c["step"]: c["metrics"] for c in run.series}
+    alerts = sublayer_ratio_alerts(run)
+    return first_of(a.step for a in alerts if ratios[a.step][f"{SublayerRatio.name}/{a.layer}"] >= floor)
+
+
 def _yes_no(text: str) -> bool:
     if text not in ("yes", "no"):
         raise ValueError("say yes or no")
@@ -193,6 +212,10 @@ KNOBS = {
     "sublayer_fold_z_scale": Knob(
         "sublayer_fold_z_scale", "sublayer_ratio", FOLD / SUBLAYER_60_217[0], _scaled_fold_z, _scale,
         "fold, z x{:g}".format, "sublayer-fold-z-scale-",
+    ),
+    "sublayer_floor": Knob(
+        "sublayer_floor", "sublayer_ratio", 0.0, _floored_sublayer, _floor, "floor {:g}".format,
+        "sublayer-floor-",
     ),
     "ae_alone_fall": Knob(
         "ae_alone_fall", "attention_entropy", ALONE_FALL, _alone_or_paired, _fraction, "alone at {:.0%}".format,
@@ -285,6 +308,9 @@ def main() -> None:
         "--sublayer-fold-z-scale",
         help=f"the sub-layer rule's fold and z as a multiple of 60-217's, jump kept "
         f"({KNOBS['sublayer_fold_z_scale'].shipped:g})",
+    )
+    rule.add_argument(
+        "--sublayer-floor", help="the least branch/shortcut ratio at which the sub-layer rule alarms (0: none)"
     )
     parser.add_argument("--baseline", help="the baseline's value of the same knob (default: the shipped one)")
     parser.add_argument("--runs", type=Path, default=RUNS, help="folder of the saved runs")

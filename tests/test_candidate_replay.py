@@ -205,6 +205,8 @@ def test_the_alone_fall_rule_lets_only_a_deep_lone_fall_alarm(candidate):
         (["--ae-corroborate", "0"], "--ae-corroborate 0: a rule needs a whole number of layers"),
         (["--ae-alone-fall", "1.5"], "--ae-alone-fall 1.5: a fall is a fraction of the median, from 0 to 1"),
         (["--ae-alone-fall", "x"], "--ae-alone-fall x: a fall is a fraction of the median, from 0 to 1"),
+        (["--sublayer-floor", "-0.1"], "--sublayer-floor -0.1: a floor is a ratio of branch to shortcut"),
+        (["--sublayer-floor", "inf"], "--sublayer-floor inf: a floor is a ratio of branch to shortcut"),
     ],
 )
 def test_bad_knob_values_are_one_line_and_exit_2(candidate, monkeypatch, capsys, args, message):
@@ -242,3 +244,19 @@ def test_the_fold_and_z_scale_keeps_the_jump_test(candidate):
     assert candidate.replay(lone, fold_z, 0.85, 1.0)["candidate"]["sublayer_ratio"] == 1000
     assert candidate.replay(stepped, scale, 0.85, 1.0)["candidate"]["sublayer_ratio"] == 1000
     assert candidate.replay(stepped, fold_z, 0.85, 1.0)["candidate"]["sublayer_ratio"] is None
+
+
+def test_the_floor_silences_a_burst_of_a_small_branch_and_keeps_a_large_one(candidate):
+    """A branch at 0.4% of its shortcut bursts tenfold to 4% at the 20th check (width-64 control 272's
+    kind), then a hundredfold to 40% at the 26th: with no floor (the shipped rule) the first alarms;
+    under a floor of 0.1 it does not, and the second still does, at its own check."""
+    floor = candidate.KNOBS["sublayer_floor"]
+    small = run("control", 20)
+    for check in small.series:
+        check["metrics"][f"sublayer_ratio/{LAYER}"] *= 0.04
+    small.series[25]["metrics"][f"sublayer_ratio/{LAYER}"] = 0.4
+    replayed = candidate.replay(small, floor, 0.1)
+    assert replayed["baseline"]["sublayer_ratio"] == candidate.sublayer_ratio_alarm(small) == 1000
+    assert replayed["candidate"]["sublayer_ratio"] == 1300
+    large = candidate.replay(run("control", 20), floor, 0.1)  # 0.1 bursting to 1.0
+    assert large["baseline"]["sublayer_ratio"] == large["candidate"]["sublayer_ratio"] == 1000
