@@ -79,6 +79,7 @@ def test_readme_table_is_the_benchmark_output(monkeypatch, module, printer, resu
         ("monitors-candidate-logit-growth-114-119.json", "logit_growth", "growth 2.5 / growth 3"),
         ("monitors-candidate-sublayer-floor-272-273.json", "sublayer_floor", "floor 0 / floor 0.1"),
         ("monitors-candidate-sublayer-floor-274-275.json", "sublayer_floor", "floor 0 / floor 0.1"),
+        ("monitors-candidate-sublayer-floor-276-279.json", "sublayer_floor", "floor 0 / floor 0.1"),
     ],
 )
 def test_readme_candidate_table_is_the_replay_s_output(monkeypatch, results, knob, rules):
