@@ -467,6 +467,9 @@ def main() -> None:
         help="take each detector's matched setting from this earlier results JSON instead of tuning "
         "again (the tuning seeds' runs are then not needed)",
     )
+    parser.add_argument(
+        "--runs", type=Path, default=RUNS, help="folder of the saved runs (another machine's reruns, say)"
+    )
     parser.add_argument("--workers", type=int, default=2, help="runs replayed at a time")
     parser.add_argument("--out", type=Path, default=RESULTS, help="results JSON")
     args = parser.parse_args()
@@ -484,16 +487,17 @@ def main() -> None:
     except InputError as exc:
         parser.error(str(exc))
     seeds = args.held_out if settings is not None else tuning | args.held_out
-    paths = saved_runs(seeds)
+    paths = saved_runs(seeds, args.runs)
     if not paths:
-        parser.error(f"no saved runs of the tuning or held-out seeds under {RUNS}: run benchmarks/monitors.py")
+        parser.error(f"no saved runs of the tuning or held-out seeds under {args.runs}: run benchmarks/monitors.py")
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
         runs = list(pool.map(_replay, paths))
     rows = compare(runs, args.held_out, tuning, settings)
     if not rows:
         parser.error(
-            f"no failure has both failing runs of the held-out seeds and controls of the tuning seeds under {RUNS}: "
-            "run them with benchmarks/monitors.py, or take the settings of an earlier comparison (--settings-from)"
+            "no failure has both failing runs of the held-out seeds and controls of the tuning seeds under "
+            f"{args.runs}: run them with benchmarks/monitors.py, or take the settings of an earlier comparison "
+            "(--settings-from)"
         )
     held_out, today = [r for r in runs if r["seed"] in args.held_out], monitor_code()
     results = {

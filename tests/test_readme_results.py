@@ -57,6 +57,18 @@ HELD_OUT_TABLES = [
         for f in sorted(RESULTS.glob("monitors-postln-rollback-once-*.json"))
         for printer, key in (("actions_markdown", "actions"), ("guarded_runs_markdown", "guarded_runs"))
     ),
+    # a set's runs trained again on another CPU (monitors-rerun-<isa>-<what>-<seeds>.json): not pooled
+    *(
+        ("matched_detectors", printer, f.name, key)
+        for f in sorted(RESULTS.glob("monitors-rerun-*-matched-*.json"))
+        for printer, key in (("markdown", "rows"), ("runs_markdown", "failing_runs"))
+    ),
+    *(
+        ("monitors", printer, f.name, key)
+        for f in sorted(RESULTS.glob("monitors-rerun-*.json"))
+        if "-matched-" not in f.name
+        for printer, key in (("actions_markdown", "actions"), ("guarded_runs_markdown", "guarded_runs"))
+    ),
 ]
 
 

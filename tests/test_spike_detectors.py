@@ -266,3 +266,19 @@ def test_failing_runs_are_the_rows_counts_seed_by_seed():
     assert sum(r["earlier_than_every_matched_detector"] for r in table) == rksp["earlier_than_every_matched_detector"]
     printed = runs_markdown(table)
     assert "| f | 3 | did not fail | 700 | - | - |" in printed and "| f | 1 | 1000 | 200 (800) | met | yes |" in printed
+
+
+def test_matched_replay_reads_saved_runs_from_the_folder_it_is_given(benchmark_script, monkeypatch, tmp_path, capsys):
+    """``--runs``: another machine's reruns are judged from their own folder; a folder without the
+    seeds' runs is named in a one-line refusal (exit 2), and nothing is written."""
+    import sys
+
+    matched = benchmark_script("matched_detectors")
+    out = tmp_path / "matched.json"
+    argv = ["matched_detectors.py", "--held-out", "9", "--tuning", "0", "--runs", str(tmp_path), "--out", str(out)]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as exited:
+        matched.main()
+    assert exited.value.code == 2
+    assert f"no saved runs of the tuning or held-out seeds under {tmp_path}" in capsys.readouterr().err
+    assert not out.exists()
