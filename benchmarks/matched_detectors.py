@@ -31,7 +31,8 @@ only the held-out runs need be saved. Writes benchmarks/results/monitors-matched
 the rows, and run by run the held-out failing runs they sum (``failing_runs``); prints both as
 Markdown.
 Run: python benchmarks/matched_detectors.py [--held-out 42-47] [--tuning 0-5 | --settings-from
-FILE] [--workers 2] (make bench-monitors-matched).
+FILE] [--runs DIR] [--workers 2] (make bench-monitors-matched); ``--runs`` judges runs saved
+elsewhere, e.g. a set trained again on another CPU.
 """
 
 from __future__ import annotations

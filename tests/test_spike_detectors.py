@@ -1,6 +1,7 @@
 """The re-implemented spike detectors fire exactly where their documented rules say, and not before."""
 
 import math
+import sys
 from collections import defaultdict
 
 import numpy as np
@@ -271,8 +272,6 @@ def test_failing_runs_are_the_rows_counts_seed_by_seed():
 def test_matched_replay_reads_saved_runs_from_the_folder_it_is_given(benchmark_script, monkeypatch, tmp_path, capsys):
     """``--runs``: another machine's reruns are judged from their own folder; a folder without the
     seeds' runs is named in a one-line refusal (exit 2), and nothing is written."""
-    import sys
-
     matched = benchmark_script("matched_detectors")
     out = tmp_path / "matched.json"
     argv = ["matched_detectors.py", "--held-out", "9", "--tuning", "0", "--runs", str(tmp_path), "--out", str(out)]
