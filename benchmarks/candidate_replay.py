@@ -46,7 +46,9 @@ test kept at 2x (``--sublayer-fold-z-scale 0.85``); it met the lead bar on two m
 control alarm and is shipped from seed 218 on (``FOLD``, ``Z``); ``--sublayer-fold-z-scale 1``
 replays the former rule. Stated for 274 on, after a width-64 control's sub-layer alarm on 272 (an MLP
 branch at 4% of its shortcut): no alarm from a branch under a tenth of its shortcut
-(``--sublayer-floor 0.1``, baseline 0: no floor, as shipped).
+(``--sublayer-floor 0.1``, against a baseline of 0, no floor); it cost no lead bar or race over 13
+held-out deep failures and is shipped from seed 290 on (``FLOOR``): ``--sublayer-floor 0`` replays
+the former rule.
 Run: python benchmarks/candidate_replay.py --seeds 90-95 (--min-history N | --logit-growth X |
 --r-rises-only yes|no | --ae-corroborate N | --ae-alone-fall X | --sublayer-scale X |
 --sublayer-fold-z-scale X | --sublayer-floor X) [--baseline VALUE] [--out FILE]
@@ -77,7 +79,6 @@ from matched_detectors import (
     saved_runs,
     seed_range,
     sublayer_ratio_alarm,
-    sublayer_ratio_alerts,
 )
 
 from rksp_cli.errors import InputError
@@ -86,7 +87,7 @@ from rksp_cli.monitors.attention_entropy import ALONE_FALL
 from rksp_cli.monitors.attention_logits import GROWTH
 from rksp_cli.monitors.failures import WatchedRun
 from rksp_cli.monitors.r_metric import RISES_ONLY
-from rksp_cli.monitors.sublayer_ratio import FOLD, MIN_HISTORY, SublayerRatio
+from rksp_cli.monitors.sublayer_ratio import FLOOR, FOLD, MIN_HISTORY
 
 RULES = ("baseline", "candidate")
 SUBLAYER_60_217 = (3.0, 8.0, 2.0)  # the sub-layer rule's (fold, z, jump) from seeds 60 to 217
@@ -158,13 +159,9 @@ def _floor(text: str) -> float:
 
 
 def _floored_sublayer(run: WatchedRun, floor: float) -> int | None:
-    """The sub-layer rule as shipped, except that a branch whose output is under ``floor`` times its
-    shortcut's does not alarm, however far it jumped: the candidate stated for 274 on, after a
-    width-64 control's MLP branch went from 0.8% to 4% of its shortcut (4.7x its median). Exact as a
-    filter on the shipped rule's alarms: each branch's history takes its ratio whether or not it alarms."""
-    ratios = {c["step"]: c["metrics"] for c in run.series}
-    alerts = sublayer_ratio_alerts(run)
-    return first_of(a.step for a in alerts if ratios[a.step][f"{SublayerRatio.name}/{a.layer}"] >= floor)
+    """The sub-layer rule as shipped, with a branch whose output is under ``floor`` times its
+    shortcut's kept from alarming, however far it jumped (0: no floor, the rule until seed 289)."""
+    return sublayer_ratio_alarm(run, floor=floor)
 
 
 def _yes_no(text: str) -> bool:
@@ -214,7 +211,7 @@ KNOBS = {
         "fold, z x{:g}".format, "sublayer-fold-z-scale-",
     ),
     "sublayer_floor": Knob(
-        "sublayer_floor", "sublayer_ratio", 0.0, _floored_sublayer, _floor, "floor {:g}".format,
+        "sublayer_floor", "sublayer_ratio", FLOOR, _floored_sublayer, _floor, "floor {:g}".format,
         "sublayer-floor-",
     ),
     "ae_alone_fall": Knob(

@@ -72,7 +72,7 @@ from rksp_cli.monitors.spike_detectors import (
     OlmoSkipStep,
     first_alarm,
 )
-from rksp_cli.monitors.sublayer_ratio import FOLD, JUMP, MIN_HISTORY, SublayerBurst, Z, find_sublayers
+from rksp_cli.monitors.sublayer_ratio import FLOOR, FOLD, JUMP, MIN_HISTORY, SublayerBurst, Z, find_sublayers
 
 RUNS = Path(__file__).parent / "results" / "monitors"  # where benchmarks/monitors.py saves each run
 RESULTS = RUNS.parent / "monitors-matched.json"
@@ -179,21 +179,29 @@ def spectral_alignment_alarm(run: WatchedRun) -> int | None:
 
 
 def sublayer_ratio_alerts(
-    run: WatchedRun, min_history: int = MIN_HISTORY, thresholds: tuple[float, float, float] = (FOLD, Z, JUMP)
+    run: WatchedRun,
+    min_history: int = MIN_HISTORY,
+    thresholds: tuple[float, float, float] = (FOLD, Z, JUMP),
+    floor: float = FLOOR,
 ) -> list[Alert]:
     """Today's sub-layer burst rule's alarms on a saved run, rescored from its logged ratios
-    (``SublayerBurst``: exact, since the rule reads nothing else); with ``min_history`` or
-    ``thresholds`` (fold, z, jump), the rule with no score before that many checks or with those
-    thresholds (candidates: benchmarks/candidate_replay.py; margins: benchmarks/sublayer_margin.py)."""
+    (``SublayerBurst``: exact, since the rule reads nothing else); with ``min_history``,
+    ``thresholds`` (fold, z, jump) or ``floor``, the rule with no score before that many checks,
+    with those thresholds or with that least ratio (candidates: benchmarks/candidate_replay.py;
+    margins: benchmarks/sublayer_margin.py)."""
     names = (s.name for s in find_sublayers(_model(run.failure, run.kind).blocks, "blocks"))
-    return SublayerBurst(names, thresholds, min_history).rescore((c["step"], c["metrics"]) for c in run.series)
+    rule = SublayerBurst(names, thresholds, min_history, floor)
+    return rule.rescore((c["step"], c["metrics"]) for c in run.series)
 
 
 def sublayer_ratio_alarm(
-    run: WatchedRun, min_history: int = MIN_HISTORY, thresholds: tuple[float, float, float] = (FOLD, Z, JUMP)
+    run: WatchedRun,
+    min_history: int = MIN_HISTORY,
+    thresholds: tuple[float, float, float] = (FOLD, Z, JUMP),
+    floor: float = FLOOR,
 ) -> int | None:
     """The first of ``sublayer_ratio_alerts``: that rule's first alarm on a saved run."""
-    return first_of(a.step for a in sublayer_ratio_alerts(run, min_history, thresholds))
+    return first_of(a.step for a in sublayer_ratio_alerts(run, min_history, thresholds, floor))
 
 
 def attention_logits_alarm(run: WatchedRun, growth: float = GROWTH) -> int | None:

@@ -1,11 +1,12 @@
 """How close each healthy control came to the sub-layer burst alarm (issue 16), from its saved run.
 
 A rule judged only by "no control alarmed" says nothing of how near one came, and a near miss on
-one set can be a false alarm on the next. The rule alarms when a branch's ratio passes three tests
-at one check: ``FOLD`` times its median, ``Z`` robust sd above it, ``JUMP`` times the last check.
-A control's margin is the largest s at which the rule with all three thresholds times s alarms on
-it, found by bisection on exact replays (``sublayer_ratio_alerts``): at every check at least one
-test stayed under s of its threshold, and at one check all three reached it. Under 1, the rule as
+one set can be a false alarm on the next. The rule alarms when a branch's ratio passes four tests
+at one check: ``FOLD`` times its median, ``Z`` robust sd above it, ``JUMP`` times the last check,
+and at least ``FLOOR`` of its shortcut (from seed 290 on). A control's margin is the largest s at
+which the rule with every threshold times s alarms on it, found by bisection on exact replays
+(``sublayer_ratio_alerts``): at every check at least one test stayed under s of its threshold, and
+at one check all of them reached it. Margins read before seed 290 scaled the first three only. Under 1, the rule as
 shipped never alarmed on the run; 1 or more, it did. The table gives where that check was, the
 branch, and its ratio against its median and against the last check; under it, a line per failure
 counts its distinct controls at or above margins 0.7, 0.8, 0.9 and 1.
@@ -24,7 +25,7 @@ from matched_detectors import RUNS, saved_runs, seed_range, sublayer_ratio_alert
 
 from rksp_cli.monitors.base import Alert
 from rksp_cli.monitors.failures import WatchedRun
-from rksp_cli.monitors.sublayer_ratio import FOLD, JUMP, SublayerRatio, Z
+from rksp_cli.monitors.sublayer_ratio import FLOOR, FOLD, JUMP, SublayerRatio, Z
 
 CEILING = 4.0  # margins are searched up to this multiple of the shipped thresholds
 NEAR = (0.7, 0.8, 0.9, 1.0)  # the summary counts controls at or above each of these margins
@@ -32,7 +33,7 @@ TOLERANCE = 1e-4
 
 
 def _first(run: WatchedRun, scale: float) -> Alert | None:
-    alerts = sublayer_ratio_alerts(run, thresholds=(scale * FOLD, scale * Z, scale * JUMP))
+    alerts = sublayer_ratio_alerts(run, thresholds=(scale * FOLD, scale * Z, scale * JUMP), floor=scale * FLOOR)
     return alerts[0] if alerts else None
 
 

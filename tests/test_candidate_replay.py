@@ -248,15 +248,17 @@ def test_the_fold_and_z_scale_keeps_the_jump_test(candidate):
 
 def test_the_floor_silences_a_burst_of_a_small_branch_and_keeps_a_large_one(candidate):
     """A branch at 0.4% of its shortcut bursts tenfold to 4% at the 20th check (width-64 control 272's
-    kind), then a hundredfold to 40% at the 26th: with no floor (the shipped rule) the first alarms;
-    under a floor of 0.1 it does not, and the second still does, at its own check."""
+    kind), then a hundredfold to 40% at the 26th: with no floor (the rule until seed 289) the first
+    alarms; under the floor of 0.1, shipped since, it does not, and the second still does, at its
+    own check."""
     floor = candidate.KNOBS["sublayer_floor"]
+    assert floor.shipped == 0.1
     small = run("control", 20)
     for check in small.series:
         check["metrics"][f"sublayer_ratio/{LAYER}"] *= 0.04
     small.series[25]["metrics"][f"sublayer_ratio/{LAYER}"] = 0.4
-    replayed = candidate.replay(small, floor, 0.1)
-    assert replayed["baseline"]["sublayer_ratio"] == candidate.sublayer_ratio_alarm(small) == 1000
-    assert replayed["candidate"]["sublayer_ratio"] == 1300
-    large = candidate.replay(run("control", 20), floor, 0.1)  # 0.1 bursting to 1.0
+    replayed = candidate.replay(small, floor, 0.1, baseline=0.0)
+    assert replayed["baseline"]["sublayer_ratio"] == candidate.sublayer_ratio_alarm(small, floor=0.0) == 1000
+    assert replayed["candidate"]["sublayer_ratio"] == candidate.sublayer_ratio_alarm(small) == 1300
+    large = candidate.replay(run("control", 20), floor, 0.1, baseline=0.0)  # 0.1 bursting to 1.0
     assert large["baseline"]["sublayer_ratio"] == large["candidate"]["sublayer_ratio"] == 1000

@@ -2,6 +2,7 @@
 
 import json
 import math
+import random
 import statistics
 import sys
 
@@ -34,7 +35,16 @@ from rksp_cli.monitors.spectral_alignment import (
     activation_fed_layers,
     sign_entropy,
 )
-from rksp_cli.monitors.sublayer_ratio import FOLD, JUMP, MIN_HISTORY, SublayerBurst, SublayerRatio, Z, find_sublayers
+from rksp_cli.monitors.sublayer_ratio import (
+    FLOOR,
+    FOLD,
+    JUMP,
+    MIN_HISTORY,
+    SublayerBurst,
+    SublayerRatio,
+    Z,
+    find_sublayers,
+)
 from rksp_cli.watch import read_log
 from tests.conftest import hf_config
 from tests.tolerances import entropy_tolerance
@@ -787,8 +797,8 @@ def test_sublayer_ratio_is_the_branch_s_size_against_its_shortcut():
     assert not blocks[0].attn._forward_hooks and not blocks[0].norm1._forward_pre_hooks
 
 
-def _burst_alarms(series: list[float], jump: float = JUMP) -> list[int]:
-    rule = SublayerBurst(["b"], (FOLD, Z, jump))
+def _burst_alarms(series: list[float], jump: float = JUMP, floor: float = FLOOR) -> list[int]:
+    rule = SublayerBurst(["b"], (FOLD, Z, jump), floor=floor)
     return [t for t, r in enumerate(series) if rule.score(t, "b", r)]
 
 
@@ -821,6 +831,28 @@ def test_sublayer_burst_needs_a_jump_over_the_previous_check_not_only_growth_the
     assert _burst_alarms(growth_then_step) == []
     assert _burst_alarms([*history, history[-1] * JUMP * 1.01]) == [len(history)]
     assert _burst_alarms(growth_then_step, jump=1.0) == [len(history)]  # fold and z alone
+
+
+def test_sublayer_burst_does_not_alarm_on_a_branch_too_small_to_move_the_stream():
+    """The width-64 control of seed 272: an MLP branch at about 1% of its shortcut jumped 4.7x, a burst
+    by every test but its size. Under ``FLOOR`` it does not alarm; the same series ten times larger
+    (0.1 and up) does, and so does the small one with no floor."""
+    flat = [0.01 * (1 + 0.03 * math.sin(t)) for t in range(30)]
+    small = [*flat[:25], 0.047, *flat[25:]]
+    assert _burst_alarms(small) == [] and _burst_alarms(small, floor=0.0) == [25]
+    assert _burst_alarms([10 * r for r in small]) == [25]
+
+
+def test_the_floor_only_filters_alarms_each_branch_s_history_takes_every_ratio():
+    """With the floor, the alarms are exactly those without it whose ratio reaches the floor: a
+    sub-floor burst still enters the history, so the checks after it score as they would without
+    the floor (what lets benchmarks/candidate_replay.py replay it on logged runs)."""
+    rng = random.Random(0)
+    level = [0.02 + 0.06 * (t // 60 % 2) for t in range(360)]  # stretches under and over the floor
+    series = [v * math.exp(rng.gauss(0, 0.05)) * (5 if rng.random() < 0.04 else 1) for v in level]
+    unfloored, floored = _burst_alarms(series, floor=0.0), _burst_alarms(series)
+    assert floored == [t for t in unfloored if series[t] >= FLOOR]
+    assert floored and len(floored) < len(unfloored)  # the series has bursts on both sides of it
 
 
 def test_sublayer_ratio_alarms_on_a_branch_that_jumps_and_rescores_its_log_exactly(tmp_path):

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from rksp_cli.monitors.failures import WatchedRun
-from rksp_cli.monitors.sublayer_ratio import FOLD, JUMP, Z
+from rksp_cli.monitors.sublayer_ratio import FLOOR, FOLD, JUMP, Z
 
 ROOT = Path(__file__).resolve().parent.parent
 BRANCH = "blocks.3.mlp"
@@ -21,14 +21,19 @@ def margins(benchmark_script):
 
 
 def control(
-    burst: float, kind: str = "control", at: int = 25, failure: str = "post_ln_without_warmup", branch: str = BRANCH
+    burst: float,
+    kind: str = "control",
+    at: int = 25,
+    failure: str = "post_ln_without_warmup",
+    branch: str = BRANCH,
+    level: float = 0.1,
 ) -> WatchedRun:
     """A deep Pre-LN control (or ``failure``'s) checked every 50 steps whose one branch wiggles
-    around 0.1 but for a ``burst``-fold step at check ``at`` (held for the rest of the run)."""
+    around ``level`` but for a ``burst``-fold step at check ``at`` (held for the rest of the run)."""
     series = [
         {
             "step": 50 * i,
-            "metrics": {f"sublayer_ratio/{branch}": 0.1 * (1 + 0.02 * (i % 4)) * (burst if i >= at else 1)},
+            "metrics": {f"sublayer_ratio/{branch}": level * (1 + 0.02 * (i % 4)) * (burst if i >= at else 1)},
         }
         for i in range(1, 41)
     ]
@@ -58,7 +63,15 @@ def test_the_margin_is_where_the_scaled_rule_starts_to_alarm(margins, benchmark_
     step = 2 * margins.TOLERANCE
     for scale, alarms in ((share - step, True), (share + step, False)):
         thresholds = (scale * FOLD, scale * Z, scale * JUMP)
-        assert (sublayer_ratio_alarm(run, thresholds=thresholds) is not None) is alarms
+        assert (sublayer_ratio_alarm(run, thresholds=thresholds, floor=scale * FLOOR) is not None) is alarms
+
+
+def test_a_burst_under_the_floor_is_as_near_as_its_size_against_the_floor(margins):
+    """A 12-fold burst alarms by every other test at any scale up to 2; on a branch at 0.5% of its
+    shortcut it reaches 0.0612, so its margin is that share of ``FLOOR``, under 1."""
+    share, alert = margins.margin(control(12.0, level=0.005))
+    assert share == pytest.approx(0.005 * 1.02 * 12 / FLOOR, abs=2 * margins.TOLERANCE)
+    assert alert is not None and alert.step == 1250
 
 
 def test_a_larger_burst_comes_closer_and_a_false_alarm_reads_at_least_one(margins):
