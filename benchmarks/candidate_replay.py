@@ -17,7 +17,10 @@ Replay is exact because each rule reads only each check's logged values (``Subla
 branches' ratios; ``growth_alarm``: the layers' largest logits; ``RMetric``: its three components,
 and the loss at the check, which every saved run keeps; ``UpdateConcentration``: the layers'
 QK-update entropies). Every other monitor's alarms are today's
-(``matched_detectors.monitor_alarms``). Seconds on one core.
+(``matched_detectors.monitor_alarms``), and every other setting of the knob's own rule too: a file
+written before a later change shipped can differ when rerun (those before seed 290 were replayed
+without today's sub-layer floor; only a branch under a tenth of its shortcut is affected). Seconds
+on one core.
 
 Judged so far: on 2026-11-27, after Pre-LN controls 86 and 88 alarmed at step 700, 16 checks of
 history for seeds 90 on against the 10 then shipped (``--baseline 10 --min-history 16``); shipped
