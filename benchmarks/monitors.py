@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import multiprocessing
 import os
 import statistics
@@ -183,6 +184,17 @@ def guarded_runs(watched: list[WatchedRun], guarded: list[WatchedRun]) -> list[d
     ]
 
 
+def twin_parted(plain: WatchedRun, guarded: WatchedRun) -> int | None:
+    """The first step at which a guarded run's losses differ from its unguarded twin's before the
+    guard first acted, or None. Until then the two are one training run, bit for bit; a difference
+    means they are not twins (trained on another CPU or torch build, say), and the pair measures
+    nothing about the guard."""
+    acted = [a["step"] for a in guarded.actions if a["action"] != "ignored"]
+    until = min(acted, default=len(guarded.losses))
+    pairs = zip(plain.losses[:until], guarded.losses[:until], strict=False)  # an explosion ends one early
+    return next((t for t, (p, g) in enumerate(pairs) if p != g and not (math.isnan(p) and math.isnan(g))), None)
+
+
 def _summary(run: WatchedRun) -> dict[str, Any]:
     keep = ("failure", "kind", "seed", "failed_step", "exploded_step", "final_loss")
     return {k: getattr(run, k) for k in keep} | {"first_alarms": run.first_alarms()}
@@ -279,7 +291,8 @@ def main() -> None:
         "--guarded-only",
         action="store_true",
         help="run only the guarded runs, each paired with its saved unguarded twin whatever monitor code "
-        "watched it (the pairing reads only its losses, which no monitor changes); no head-to-head table",
+        "watched it (the pairing reads only its losses, which no monitor changes), and refused if their "
+        "losses part before the guard first acts (trained on another machine); no head-to-head table",
     )
     saved.add_argument(
         "--saved-only",
@@ -330,6 +343,14 @@ def main() -> None:
     else:
         runs = runner.run_all([(*c, None) for c in cells])
         guarded = runner.run_all([(*c, p) for p in policies for c in cells]) if policies else []
+    plain = {(r.failure, r.kind, r.seed): r for r in runs}
+    for g in guarded:
+        if (step := twin_parted(plain[(g.failure, g.kind, g.seed)], g)) is not None:
+            raise SystemExit(
+                f"{runner.path((g.failure, g.kind, g.seed, g.policy))}: its losses part from "
+                f"its unguarded run's at step {step}, before the guard acted, so the two are not twins "
+                "(trained on another machine?); train both on one machine, under their own --runs"
+            )
     rows = [] if args.guarded_only else head_to_head(runs)  # a twin's alarms may be another code's
     gpu = f", {torch.cuda.get_device_name(args.device)}" if args.device.startswith("cuda") else ""
     trained = f"{cpu_model()}{gpu}, {threads} torch thread(s) per run, {args.workers} run(s) at a time"

@@ -202,6 +202,40 @@ def test_the_benchmark_tables_saved_runs_without_training_and_refuses_when_none_
     assert not (tmp_path / "no.json").exists()
 
 
+def test_the_benchmark_refuses_a_guarded_run_that_is_not_its_unguarded_run_s_twin(tmp_path, monkeypatch):
+    """A guarded run trains bit for bit as its unguarded twin until the guard first acts; one whose
+    losses part before that (trained on another CPU) is refused, naming the step, and nothing is
+    written. Saved runs are read as ``--guarded-only`` reads them after training its twins."""
+    import dataclasses
+    import importlib
+    import json
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    bench = importlib.import_module("benchmarks.monitors")
+    plain = dataclasses.replace(_run("failing", {}, 300), failure="attention_logit_growth")
+    guarded = dataclasses.replace(plain, policy="rollback", exploded_step=None, losses=[1.0] * 400)
+    guarded.actions = [{"step": 120, "action": "rollback", "what": "", "by": ["m"], "lr_scale": 0.5}]
+    assert bench.twin_parted(plain, guarded) is None
+    guarded.losses = [*guarded.losses[:120], 2.0, *guarded.losses[121:]]  # after the guard acted: still twins
+    assert bench.twin_parted(plain, guarded) is None
+    guarded.losses[7] = 1.0 + 5e-7  # round-off of another CPU, before it acted
+    assert bench.twin_parted(plain, guarded) == 7
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    for run in (plain, guarded):
+        suffix = f"-{run.policy}" if run.policy else ""
+        (runs / f"attention_logit_growth-failing-0{suffix}.json").write_text(json.dumps(run.as_dict()))
+    out = tmp_path / "actions.json"
+    argv = ["monitors.py", "--failures", "attention_logit_growth", "--seed-list", "0", "--kinds", "failing"]
+    argv += ["--policies=rollback", "--saved-only", "--runs", str(runs), "--out", str(out)]
+    monkeypatch.setattr("sys.argv", argv)
+    with pytest.raises(SystemExit) as refused:
+        bench.main()
+    assert "step 7" in str(refused.value.code) and "not twins" in str(refused.value.code)
+    assert not out.exists()
+
+
 def _guarded(policy: str, alarms: list[int], steps: int = 30, **kwargs):
     from rksp_cli.monitors.guard import Guard
 
