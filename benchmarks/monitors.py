@@ -130,10 +130,15 @@ class Runner:
         return [saved[job] or self.read(job) for job in jobs]
 
 
+def _unguarded(watched: list[WatchedRun]) -> dict[tuple[str, str, int], WatchedRun]:
+    """The unguarded runs by (failure, kind, seed): where each guarded run finds its twin."""
+    return {(r.failure, r.kind, r.seed): r for r in watched}
+
+
 def actions(watched: list[WatchedRun], guarded: list[WatchedRun]) -> list[dict[str, Any]]:
     """Per failure and policy: failing runs saved (failed unguarded, did not *end* failed guarded),
     and what the policy did to the controls' final loss."""
-    plain = {(r.failure, r.kind, r.seed): r for r in watched}
+    plain = _unguarded(watched)
     rows = []
     for failure, policy in dict.fromkeys((r.failure, r.policy) for r in guarded):
         runs = [r for r in guarded if r.failure == failure and r.policy == policy]
@@ -166,7 +171,7 @@ def _acted(run: WatchedRun) -> bool:
 def guarded_runs(watched: list[WatchedRun], guarded: list[WatchedRun]) -> list[dict[str, Any]]:
     """Run by run, the guarded failing runs: when the unguarded twin failed, which alarms the guard
     acted on and which it ignored (past ``max_actions``), and how the guarded run ended."""
-    plain = {(r.failure, r.kind, r.seed): r for r in watched}
+    plain = _unguarded(watched)
     return [
         {
             "failure": g.failure,
@@ -343,7 +348,7 @@ def main() -> None:
     else:
         runs = runner.run_all([(*c, None) for c in cells])
         guarded = runner.run_all([(*c, p) for p in policies for c in cells]) if policies else []
-    plain = {(r.failure, r.kind, r.seed): r for r in runs}
+    plain = _unguarded(runs)
     for g in guarded:
         if (step := twin_parted(plain[(g.failure, g.kind, g.seed)], g)) is not None:
             raise SystemExit(
