@@ -6,6 +6,7 @@ that program. A table edited by hand, or a results file rerun without the README
 """
 
 import importlib
+import itertools
 import json
 from pathlib import Path
 
@@ -133,3 +134,16 @@ def test_pooled_sets_name_every_held_out_comparison(monkeypatch):
     listed = {m.name for m, _ in pooled.default_sets()}
     missing = [f for f in _sets("monitors-matched-*-*.json", since=48) if f not in listed]
     assert not missing, f"pooled_bars.SETS lacks {missing}"
+
+
+@pytest.mark.parametrize("doc", [README, HELD_OUT], ids=lambda p: p.name)
+def test_every_table_ends_before_its_prose(doc):
+    """Markdown runs a table on until a blank line: prose written straight under one renders as a
+    table row. The records are edited by hand set after set, and one such slip went unnoticed."""
+    lines = doc.read_text().splitlines()
+    glued = [
+        n + 2
+        for n, (row, after) in enumerate(itertools.pairwise(lines))
+        if row.startswith("|") and after.strip() and not after.startswith("|")
+    ]
+    assert not glued, f"{doc.name}: text right under a table at line(s) {glued[:5]}"
