@@ -2,7 +2,11 @@
 they say, alarm on the growth they are built for and not on a plateau, a watch never changes
 training, and the head-to-head table counts leads and false alarms as documented."""
 
+import dataclasses
+import importlib
+import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -142,16 +146,18 @@ def test_head_to_head_counts_a_control_that_failed_apart_from_the_clean_ones():
     assert m["false_alarms_by_control"] == {"control": "0/1"}
 
 
-def test_the_benchmark_tables_saved_runs_without_training_and_refuses_when_none_is_saved(tmp_path, monkeypatch, capsys):
+@pytest.fixture
+def bench(monkeypatch):
+    """``benchmarks/monitors.py`` as a module (it imports its sibling scripts by bare name)."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    return importlib.import_module("benchmarks.monitors")
+
+
+def test_the_benchmark_tables_saved_runs_without_training_and_refuses_when_none_is_saved(
+    bench, tmp_path, monkeypatch, capsys
+):
     """``--saved-only`` tables runs trained elsewhere (a GPU machine's) whatever code fingerprint they
     carry, and says how many of the runs asked for it found."""
-    import dataclasses
-    import importlib
-    import json
-    from pathlib import Path
-
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "benchmarks"))
-    bench = importlib.import_module("benchmarks.monitors")
     runs = tmp_path / "runs"
     runs.mkdir()
     for kind, exploded in (("failing", 300), ("control", None)):
@@ -202,17 +208,10 @@ def test_the_benchmark_tables_saved_runs_without_training_and_refuses_when_none_
     assert not (tmp_path / "no.json").exists()
 
 
-def test_the_benchmark_refuses_a_guarded_run_that_is_not_its_unguarded_run_s_twin(tmp_path, monkeypatch):
+def test_the_benchmark_refuses_a_guarded_run_that_is_not_its_unguarded_run_s_twin(bench, tmp_path, monkeypatch):
     """A guarded run trains bit for bit as its unguarded twin until the guard first acts; one whose
     losses part before that (trained on another CPU) is refused, naming the step, and nothing is
     written. Saved runs are read as ``--guarded-only`` reads them after training its twins."""
-    import dataclasses
-    import importlib
-    import json
-    from pathlib import Path
-
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "benchmarks"))
-    bench = importlib.import_module("benchmarks.monitors")
     plain = dataclasses.replace(_run("failing", {}, 300), failure="attention_logit_growth")
     guarded = dataclasses.replace(plain, policy="rollback", exploded_step=None, losses=[1.0] * 400)
     guarded.actions = [{"step": 120, "action": "rollback", "what": "", "by": ["m"], "lr_scale": 0.5}]
