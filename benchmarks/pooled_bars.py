@@ -105,6 +105,7 @@ SETS = [
     ("monitors-matched-322-325.json", None),  # four seeds, on the same EPYC
     ("monitors-matched-326-329.json", None),  # four seeds, on the same EPYC
     ("monitors-matched-330-333.json", None),  # four seeds, on the same EPYC
+    ("monitors-matched-334-337.json", None),  # four seeds, on the same EPYC
 ]
 SUBLAYER_FROM = 60  # the first seed watched by all of today's monitors (sublayer_ratio, the newest)
 DETECTOR_NAMES = {cls.name for cls in DETECTORS}
