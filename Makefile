@@ -128,25 +128,26 @@ runs-pack: install
 	$(BIN)/python benchmarks/runs_archive.py pack --seeds $(SEEDS)
 runs-unpack: install
 	$(BIN)/python benchmarks/runs_archive.py unpack
+	$(BIN)/python benchmarks/runs_archive.py unpack --runs benchmarks/results/monitors-wide --archives benchmarks/results/runs/wide
 
 # Deep Post-LN at width 512 (failures.GPU_FAILURES), needs CUDA: three runs a seed (failing, Pre-LN
 # and low-lr controls) of up to 5000 steps, all at once on one GPU, each saved in
 # benchmarks/results/monitors-wide/ as it finishes and printing its speed as it goes. Sized for a
-# short GPU loan: the default, 2 seeds from GPU_FIRST_SEED, is 6 runs at once (not yet timed; 4 at
-# once took 6 minutes a run on an H100 with every monitor, 2 at once 4). Run it again with the
-# next GPU_FIRST_SEED (keeping the folder) to add seeds. `make bench-monitors-gpu-table` tables
-# whichever runs of seeds 0 to GPU_TABLE_SEEDS - 1 are saved, on any machine, training nothing.
+# short GPU loan: the default, 2 seeds from GPU_FIRST_SEED, is 6 runs at once, about 5 minutes on
+# an H200 with every monitor (9 at once: 7 minutes). Seeds 2-4 (lost) and 5-9 have run; the runs
+# of 5-9 are in benchmarks/results/runs/wide/. On a machine whose Python has its own torch, run
+# the same command with that Python and PYTHONPATH=. rather than through this target.
+# `make bench-monitors-gpu-table GPU_FIRST_SEED=5 GPU_SEEDS=5` tables saved runs, training nothing.
 GPU_SEEDS ?= 2
-GPU_FIRST_SEED ?= 0
-GPU_TABLE_SEEDS ?= 100
-WIDE := --failures post_ln_without_warmup_wide --policies '' --runs benchmarks/results/monitors-wide
-bench-monitors-gpu: install
-	$(BIN)/python benchmarks/monitors.py $(WIDE) --device cuda --seeds $(GPU_SEEDS) --first-seed $(GPU_FIRST_SEED) \
-		--workers $$((3 * $(GPU_SEEDS))) --threads 1 --progress --out benchmarks/results/monitors-wide.json
+GPU_FIRST_SEED ?= 10
+GPU_SPAN = $(GPU_FIRST_SEED)-$(shell echo $$(($(GPU_FIRST_SEED) + $(GPU_SEEDS) - 1)))
+WIDE := --failures post_ln_without_warmup_wide --policies '' --runs benchmarks/results/monitors-wide \
+	--first-seed $(GPU_FIRST_SEED) --seeds $(GPU_SEEDS) --out benchmarks/results/monitors-wide-$(GPU_SPAN).json
+bench-monitors-gpu: install runs-unpack
+	$(BIN)/python benchmarks/monitors.py $(WIDE) --device cuda --workers $$((3 * $(GPU_SEEDS))) --threads 1 --progress
 
-bench-monitors-gpu-table: install
-	$(BIN)/python benchmarks/monitors.py $(WIDE) --saved-only --seeds $(GPU_TABLE_SEEDS) \
-		--out benchmarks/results/monitors-wide.json
+bench-monitors-gpu-table: install runs-unpack
+	$(BIN)/python benchmarks/monitors.py $(WIDE) --saved-only
 
 # Issue 13's measurement bars: the same model screened with other token samples and sizes (~1.5 min).
 bench-stability: install

@@ -24,6 +24,7 @@ HELD_OUT = ROOT / "benchmarks" / "monitors-heldout.md"  # every held-out set, as
 README_TABLES = [
     ("monitors", "markdown", "monitors.json", "head_to_head"),
     ("monitors", "markdown", "monitors-wide.json", "head_to_head"),
+    ("monitors", "markdown", "monitors-wide-5-9.json", "head_to_head"),
     ("matched_detectors", "markdown", "monitors-matched.json", "rows"),
     ("monitors", "actions_markdown", "monitors-actions-fresh.json", "actions"),
     ("monitors", "actions_markdown", "monitors-postln-actions-78-83.json", "actions"),

@@ -132,9 +132,10 @@ FAILURES = {
 # Deep Post-LN at 4x the width (512, 12 blocks, 8 heads), sized for a GPU (not in FAILURES: a CPU
 # takes about a second a step). A hidden weight's stable Adam lr falls with width (muP), so the
 # failing lr is a third of width 128's and its low-lr control a third of that again. Chosen before
-# any run at this width. On an H100 (seeds 2-4; README, make bench-monitors-gpu): two failing runs
-# learned and were lost by steps 1089 and 1205, the third never learned; Post-LN at the low lr
-# trained; the Pre-LN control exploded on seed 2 (step 4359), so this lr is too high for it here.
+# any run at this width. On an H100 (seeds 2-4) and an H200 (5-9; README, make bench-monitors-gpu)
+# five failing runs learned and were lost by steps 257-1205, three never learned; Post-LN at the
+# low lr trained in all seven runs; the Pre-LN control exploded on 2, 5 and 8 and stalled near 4.2
+# on the rest, so this lr is too high for it here.
 POST_LN_WIDE = {**POST_LN, "model.d_model": 512, "model.n_heads": 8, "training.lr": 0.001}
 GPU_FAILURES = {
     f.name: f
