@@ -128,7 +128,7 @@ runs-pack: install
 	$(BIN)/python benchmarks/runs_archive.py pack --seeds $(SEEDS)
 runs-unpack: install
 	$(BIN)/python benchmarks/runs_archive.py unpack
-	$(BIN)/python benchmarks/runs_archive.py unpack --runs benchmarks/results/monitors-wide --archives benchmarks/results/runs/wide
+	$(BIN)/python benchmarks/runs_archive.py unpack $(WIDE_ARCHIVE)
 
 # Deep Post-LN at width 512 (failures.GPU_FAILURES), needs CUDA: three runs a seed (failing, Pre-LN
 # and low-lr controls) of up to 5000 steps, all at once on one GPU, each saved in
@@ -141,12 +141,15 @@ runs-unpack: install
 GPU_SEEDS ?= 2
 GPU_FIRST_SEED ?= 10
 GPU_SPAN = $(GPU_FIRST_SEED)-$(shell echo $$(($(GPU_FIRST_SEED) + $(GPU_SEEDS) - 1)))
+WIDE_ARCHIVE := --runs benchmarks/results/monitors-wide --archives benchmarks/results/runs/wide
 WIDE := --failures post_ln_without_warmup_wide --policies '' --runs benchmarks/results/monitors-wide \
 	--first-seed $(GPU_FIRST_SEED) --seeds $(GPU_SEEDS) --out benchmarks/results/monitors-wide-$(GPU_SPAN).json
-bench-monitors-gpu: install runs-unpack
+bench-monitors-gpu: install
+	$(BIN)/python benchmarks/runs_archive.py unpack $(WIDE_ARCHIVE)
 	$(BIN)/python benchmarks/monitors.py $(WIDE) --device cuda --workers $$((3 * $(GPU_SEEDS))) --threads 1 --progress
 
-bench-monitors-gpu-table: install runs-unpack
+bench-monitors-gpu-table: install
+	$(BIN)/python benchmarks/runs_archive.py unpack $(WIDE_ARCHIVE)
 	$(BIN)/python benchmarks/monitors.py $(WIDE) --saved-only
 
 # Issue 13's measurement bars: the same model screened with other token samples and sizes (~1.5 min).
