@@ -103,7 +103,7 @@ bench-monitors-matched: install
 # races rksp lost to a detector, pooled over every held-out set. Resumable: each run is saved as
 # it finishes (in a git-ignored folder), and the set's runs are packed at the end into
 # benchmarks/results/runs/, which is committed: a fresh checkout unpacks them first.
-HELD_OUT ?= 338
+HELD_OUT ?= 342
 HELD_OUT_COUNT ?= 6
 HELD_OUT_SEEDS = $(HELD_OUT)-$(shell echo $$(($(HELD_OUT) + $(HELD_OUT_COUNT) - 1)))
 bench-monitors-heldout: install runs-unpack
