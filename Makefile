@@ -11,7 +11,7 @@ TORCH  := torch==2.13.0
 STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 SCREEN ?= screens/gpt-small-noln.yaml
 
-.PHONY: install screen test lint format clean bench-norms bench-sweep bench-dmd bench-scale bench-kss bench-kss-regime bench-faults bench-monitors bench-monitors-matched bench-monitors-heldout runs-pack runs-unpack bench-monitors-gpu bench-monitors-gpu-table bench-attention-entropy bench-stability bench-known-spectrum bench-ladder bench-published calibration calibration-gpu horizon rescreen token-samples refit
+.PHONY: install screen test lint format clean bench-norms bench-sweep bench-dmd bench-scale bench-kss bench-kss-regime bench-faults bench-monitors bench-monitors-matched bench-monitors-heldout runs-pack runs-unpack runs-unpack-wide bench-monitors-gpu bench-monitors-gpu-table bench-attention-entropy bench-stability bench-known-spectrum bench-ladder bench-published calibration calibration-gpu horizon rescreen token-samples refit
 
 install: $(STAMP)
 
@@ -105,7 +105,9 @@ bench-monitors-matched: install
 # benchmarks/results/runs/, which is committed: a fresh checkout unpacks them first.
 HELD_OUT ?= 342
 HELD_OUT_COUNT ?= 6
-HELD_OUT_SEEDS = $(HELD_OUT)-$(shell echo $$(($(HELD_OUT) + $(HELD_OUT_COUNT) - 1)))
+# $(call span,FIRST,COUNT): the seed range A-B of COUNT seeds from FIRST, as the results files name it
+span = $(1)-$(shell echo $$(($(1) + $(2) - 1)))
+HELD_OUT_SEEDS = $(call span,$(HELD_OUT),$(HELD_OUT_COUNT))
 bench-monitors-heldout: install runs-unpack
 	$(BIN)/python benchmarks/monitors.py --failures post_ln_without_warmup --first-seed $(HELD_OUT) \
 		--seeds $(HELD_OUT_COUNT) --policies '' --workers 2 --threads 1 --progress \
@@ -126,9 +128,10 @@ bench-monitors-heldout: install runs-unpack
 # benchmarks/results/monitors/ (a run saved there already is kept). Seconds.
 runs-pack: install
 	$(BIN)/python benchmarks/runs_archive.py pack --seeds $(SEEDS)
-runs-unpack: install
+runs-unpack: runs-unpack-wide
 	$(BIN)/python benchmarks/runs_archive.py unpack
-	$(BIN)/python benchmarks/runs_archive.py unpack $(WIDE_ARCHIVE)
+runs-unpack-wide: install
+	$(BIN)/python benchmarks/runs_archive.py unpack --runs $(WIDE_RUNS) --archives benchmarks/results/runs/wide
 
 # Deep Post-LN at width 512 (failures.GPU_FAILURES), needs CUDA: three runs a seed (failing, Pre-LN
 # and low-lr controls) of up to 5000 steps, all at once on one GPU, each saved in
@@ -140,16 +143,13 @@ runs-unpack: install
 # `make bench-monitors-gpu-table GPU_FIRST_SEED=5 GPU_SEEDS=5` tables saved runs, training nothing.
 GPU_SEEDS ?= 2
 GPU_FIRST_SEED ?= 10
-GPU_SPAN = $(GPU_FIRST_SEED)-$(shell echo $$(($(GPU_FIRST_SEED) + $(GPU_SEEDS) - 1)))
-WIDE_ARCHIVE := --runs benchmarks/results/monitors-wide --archives benchmarks/results/runs/wide
-WIDE := --failures post_ln_without_warmup_wide --policies '' --runs benchmarks/results/monitors-wide \
-	--first-seed $(GPU_FIRST_SEED) --seeds $(GPU_SEEDS) --out benchmarks/results/monitors-wide-$(GPU_SPAN).json
-bench-monitors-gpu: install
-	$(BIN)/python benchmarks/runs_archive.py unpack $(WIDE_ARCHIVE)
+WIDE_RUNS := benchmarks/results/monitors-wide
+WIDE := --failures post_ln_without_warmup_wide --policies '' --runs $(WIDE_RUNS) --first-seed $(GPU_FIRST_SEED) \
+	--seeds $(GPU_SEEDS) --out benchmarks/results/monitors-wide-$(call span,$(GPU_FIRST_SEED),$(GPU_SEEDS)).json
+bench-monitors-gpu: runs-unpack-wide
 	$(BIN)/python benchmarks/monitors.py $(WIDE) --device cuda --workers $$((3 * $(GPU_SEEDS))) --threads 1 --progress
 
-bench-monitors-gpu-table: install
-	$(BIN)/python benchmarks/runs_archive.py unpack $(WIDE_ARCHIVE)
+bench-monitors-gpu-table: runs-unpack-wide
 	$(BIN)/python benchmarks/monitors.py $(WIDE) --saved-only
 
 # Issue 13's measurement bars: the same model screened with other token samples and sizes (~1.5 min).
