@@ -85,6 +85,25 @@ def test_spectral_alignment_collapse_with_steady_sigma1_only_warns_once():
     assert _sa_run(grow=False)[12:] == [["warning"], [], [], []]
 
 
+def test_spectral_alignment_reads_the_device_once_a_check(monkeypatch):
+    """On a GPU every read of a number back to the host waits for the device; a check of a 12-block
+    model read three a layer. Now the only read is one list at the end (``tolist``), so a check
+    must work with every other way of reading a tensor's value forbidden."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layers=2))
+    sa = SpectralAlignment(model.blocks, "blocks")
+    steps = []
+    for check in range(3):
+        sa.sampler.armed = True
+        model(torch.randint(0, 96, (2, 8)))
+        if check == 2:
+            for read in ("item", "__float__", "__bool__", "__int__"):
+                monkeypatch.setattr(torch.Tensor, read, lambda *_: pytest.fail("a check read a tensor's value"))
+        metrics, _ = sa.check(check)
+        steps.append(sorted(k for k in metrics if k.startswith("sa_sigma1/")))
+    assert len(steps[2]) == 8 and steps[2] == steps[0]
+
+
 @pytest.mark.parametrize(
     ("make", "fed"),
     [

@@ -255,8 +255,9 @@ class SpectralAlignment:
         if self._feed is not None:
             self._feed.remove()
 
-    def top_singular(self, name: str) -> tuple[torch.Tensor, float]:
-        """(v1, sigma_1) of the layer's weight."""
+    def top_singular(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(v1, sigma_1) of the layer's weight, both left on its device: nothing here waits for the
+        device (on a GPU, a check of 48 layers read three numbers back per layer)."""
         W = linear_weight(self.layers[name]).detach().float()
         v = self._v.get(name)
         fresh = v is None
@@ -267,10 +268,10 @@ class SpectralAlignment:
             u = u / u.norm().clamp_min(1e-30)
             v = W.T @ u
             v = v / v.norm().clamp_min(1e-30)
-        if not fresh and torch.dot(v, self._v[name]) < 0:
-            v = -v  # anchor the arbitrary sign so that p+ is comparable across checks
+        if not fresh:  # anchor the arbitrary sign so that p+ is comparable across checks
+            v = torch.where(torch.dot(v, self._v[name]) < 0, -v, v)
         self._v[name] = v
-        return v, float((W @ v).norm())
+        return v, (W @ v).norm()
 
     def check(self, step: int, loss: float | None = None) -> tuple[dict[str, float], list[Alert]]:
         inputs = self.sampler.take()
@@ -278,10 +279,13 @@ class SpectralAlignment:
             self.rule.fed = set(self._feed.fed)
             self._feed.remove()
             self._feed = None
-        measured = {}
+        read: list[torch.Tensor] = []  # per layer: p+ (the share of positive cosines) and sigma_1
         for name, x in inputs.items():
             v, sigma = self.top_singular(name)
             cos = (x @ v) / x.norm(dim=1).clamp_min(1e-30)
-            p = float((cos > 0).float().mean())
+            read += [(cos > 0).float().mean(), sigma.to(x.device)]
+        values = torch.stack(read).tolist() if read else []  # the check's one wait for the device
+        measured = {}
+        for name, p, sigma in zip(inputs, values[::2], values[1::2], strict=True):
             measured[name] = (sign_entropy(p), sigma, p)
         return self.rule.score(step, measured)
