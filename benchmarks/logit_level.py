@@ -49,7 +49,8 @@ def rows(runs: list[WatchedRun], levels: list[float]) -> list[str]:
             hits = sum(step is not None for _, step in reached)
             bar = "-"
             if kind == "failing":
-                bar = str(sum(bar_met(run.failed_step - step, run.failed_step) for run, step in reached if step))
+                leads = [(run.failed_step - step, run.failed_step) for run, step in reached if step is not None]
+                bar = str(sum(bar_met(lead, failed) for lead, failed in leads))
             out.append(f"| {runs[0].failure} | {kind} | {len(counted)} | {level:g} | {hits} | {bar} |")
     return out
 

@@ -38,7 +38,7 @@ def test_a_level_reached_only_at_or_after_the_failure_does_not_count(logit_level
 
 
 def test_rows_count_failures_that_failed_clean_controls_and_the_lead_bar(logit_level):
-    early = run("failing", [10.0] * 5 + [90.0] * 35, explode_at=1900)  # 1650 steps ahead: bar met
+    early = run("failing", [90.0] * 40, explode_at=1900)  # from step 0, 1900 steps ahead: bar met
     late = run("failing", [10.0] * 37 + [90.0] * 3, explode_at=1900)  # 50 steps ahead: bar missed
     never_failed = run("failing", [90.0] * 40)  # not counted: it did not fail
     quiet = run("control_low_lr", [50.0] * 40)

@@ -92,7 +92,7 @@ def test_spectral_alignment_reads_the_device_once_a_check(monkeypatch):
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layers=2))
     sa = SpectralAlignment(model.blocks, "blocks")
-    steps = []
+    layers = []
     for check in range(3):
         sa.sampler.armed = True
         model(torch.randint(0, 96, (2, 8)))
@@ -100,8 +100,8 @@ def test_spectral_alignment_reads_the_device_once_a_check(monkeypatch):
             for read in ("item", "__float__", "__bool__", "__int__"):
                 monkeypatch.setattr(torch.Tensor, read, lambda *_: pytest.fail("a check read a tensor's value"))
         metrics, _ = sa.check(check)
-        steps.append(sorted(k for k in metrics if k.startswith("sa_sigma1/")))
-    assert len(steps[2]) == 8 and steps[2] == steps[0]
+        layers.append(sorted(k for k in metrics if k.startswith("sa_sigma1/")))
+    assert len(layers[2]) == 8 and layers[2] == layers[0]
 
 
 @pytest.mark.parametrize(
