@@ -42,8 +42,7 @@ def rows(runs: list[WatchedRun], levels: list[float]) -> list[str]:
     """One markdown row per kind of run and level."""
     out = []
     for kind in sorted({run.kind for run in runs}, key=lambda kind: (kind != "failing", kind)):
-        of_kind = [run for run in runs if run.kind == kind]
-        counted = [run for run in of_kind if (run.failed_step is not None) == (kind == "failing")]
+        counted = [run for run in runs if run.kind == kind and (run.failed_step is not None) == (kind == "failing")]
         for level in levels:
             reached = [(run, first_reached(run, level)) for run in counted]
             hits = sum(step is not None for _, step in reached)

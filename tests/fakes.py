@@ -1,6 +1,7 @@
 """Stand-ins shared by the tests."""
 
 from rksp_cli.monitors.base import Alert
+from rksp_cli.monitors.failures import WatchedRun
 
 
 class AlarmsAt:
@@ -20,3 +21,22 @@ class AlarmsAt:
 
     def remove(self):
         """No hooks to detach."""
+
+
+def saved_run(
+    series: list[dict],
+    monitor: str,
+    kind: str = "failing",
+    failure: str = "post_ln_without_warmup",
+    losses: list[float] | None = None,
+    exploded_step: int | None = None,
+    seed: int = 7,
+) -> WatchedRun:
+    """A run as benchmarks/monitors.py saves it, for the replays that read its checks (``series``):
+    watched by ``monitor`` alone, with no alerts logged, gradient norms of 1, and ``losses`` (flat at
+    4.0 over 50 steps a check unless given)."""
+    losses = [4.0] * (50 * len(series)) if losses is None else losses
+    steps = len(losses)
+    return WatchedRun(
+        failure, kind, seed, steps, losses, [1.0] * steps, exploded_step, [], [monitor], 0.1, {}, series=series
+    )

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from rksp_cli.monitors.failures import WatchedRun
+from tests.fakes import saved_run
 
 LAYER = "blocks.11.attn"  # a late attention branch of deep Post-LN's Pre-LN control
 
@@ -19,7 +20,7 @@ def watched(failure: str, monitor: str, kind: str, series: list[dict], steps: in
     losses = [5.5 - 2.0 * min(t / 1000, 1.0) for t in range(steps)]
     if failed_at is not None:
         losses[failed_at:] = [5.5] * (steps - failed_at)
-    return WatchedRun(failure, kind, 7, steps, losses, [1.0] * steps, None, [], [monitor], 0.1, {}, series=series)
+    return saved_run(series, monitor, kind, failure, losses)
 
 
 def run(kind: str, burst_at: int, checks: int = 30, failed_at: int | None = None, burst: float = 10) -> WatchedRun:
@@ -130,10 +131,7 @@ def r_run(kind: str, losses: list[float]) -> WatchedRun:
     metric = RMetric(model)
     per_step = [loss for loss in losses for _ in range(50)]
     series = [{"step": s, "metrics": metric.check(s, per_step[s])[0]} for s in range(0, len(per_step), 50)]
-    n = len(per_step)
-    return WatchedRun(
-        "post_ln_without_warmup", kind, 7, n, per_step, [1.0] * n, None, [], ["r_metric"], 0.1, {}, series=series
-    )
+    return saved_run(series, "r_metric", kind, losses=per_step)
 
 
 def test_the_r_metric_candidate_withholds_a_fall_and_keeps_a_rise(candidate):

@@ -4,6 +4,7 @@
 import pytest
 
 from rksp_cli.monitors.failures import WatchedRun
+from tests.fakes import saved_run
 
 
 @pytest.fixture
@@ -13,21 +14,8 @@ def logit_level(benchmark_script):
 
 def run(kind: str, logits: list[float], explode_at: int | None = None) -> WatchedRun:
     """A run checked every 50 steps whose largest logit at check i is ``logits[i]``."""
-    steps = 50 * len(logits)
-    return WatchedRun(
-        failure="post_ln_without_warmup",
-        kind=kind,
-        seed=1,
-        steps=steps,
-        losses=[4.0] * steps,
-        grad_norms=[1.0] * steps,
-        exploded_step=explode_at,
-        alerts=[],
-        monitors=["attention_logits"],
-        step_seconds=0.1,
-        check_seconds={},
-        series=[{"step": 50 * i, "metrics": {"attn_logit_max": v}} for i, v in enumerate(logits)],
-    )
+    series = [{"step": 50 * i, "metrics": {"attn_logit_max": v}} for i, v in enumerate(logits)]
+    return saved_run(series, "attention_logits", kind, exploded_step=explode_at)
 
 
 def test_a_level_reached_only_at_or_after_the_failure_does_not_count(logit_level):

@@ -15,6 +15,7 @@ from rksp_cli.monitors.spike_detectors import (
     OlmoSkipStep,
     first_alarm,
 )
+from tests.fakes import saved_run
 
 
 def test_lightning_fires_at_a_rise_of_twice_the_running_mean_not_below_and_never_on_improvement():
@@ -181,20 +182,7 @@ def test_a_saved_run_s_spectral_alignment_is_rescored_with_today_s_exemptions():
                     "metrics": {f"sa_entropy/{layer}": 0.1 if collapsed else 1.0, f"sa_sigma1/{layer}": sigma},
                 }
             )
-        return WatchedRun(
-            "attention_logit_growth",
-            "failing",
-            0,
-            1500,
-            [1.0] * 1500,
-            [1.0] * 1500,
-            None,
-            [],
-            ["spectral_alignment"],
-            0.01,
-            {},
-            series=series,
-        )
+        return saved_run(series, "spectral_alignment", failure="attention_logit_growth", losses=[1.0] * 1500)
 
     assert spectral_alignment_alarm(saved("blocks.0.attn.qkv")) == 50 * 22  # third collapsed check
     assert spectral_alignment_alarm(saved("blocks.0.mlp.proj")) is None

@@ -8,6 +8,7 @@ import pytest
 
 from rksp_cli.monitors.failures import WatchedRun
 from rksp_cli.monitors.sublayer_ratio import FLOOR, FOLD, JUMP, Z
+from tests.fakes import saved_run
 
 ROOT = Path(__file__).resolve().parent.parent
 BRANCH = "blocks.3.mlp"
@@ -37,21 +38,7 @@ def control(
         }
         for i in range(1, 41)
     ]
-    steps = 50 * len(series)
-    return WatchedRun(
-        failure=failure,
-        kind=kind,
-        seed=3,
-        steps=steps,
-        losses=[4.0] * steps,
-        grad_norms=[1.0] * steps,
-        exploded_step=None,
-        alerts=[],
-        monitors=["sublayer_ratio"],
-        step_seconds=0.1,
-        check_seconds={},
-        series=series,
-    )
+    return saved_run(series, "sublayer_ratio", kind, failure, seed=3)
 
 
 def test_the_margin_is_where_the_scaled_rule_starts_to_alarm(margins, benchmark_script):
