@@ -7,7 +7,9 @@ retrained without them takes the same steps: the rerun's first losses must equal
 bit for bit, which holds when both ran with the same torch threads on the same machine (1, as
 ``benchmarks/monitors.py --threads 1`` ran them), and is checked and reported, not assumed. The
 alarm is the saved run's, rescored to today's rules (``matched_detectors.monitor_alarms``).
-Each rerun is saved beside the watched runs (``...-failing-SEED-toSTEPS.json``) and resumed from.
+Each rerun is saved beside the watched runs (``...-failing-SEED-toSTEPS.json``) and resumed from;
+while one trains, it holds a lock on a file beside it (``...-toSTEPS.json.training``), and a second
+call for the same seed waits for that process's result instead of training the seed again.
 About 19 minutes per deep Post-LN run to 10,000 steps on one core of a 2-core AMD EPYC, 14 on an
 Intel Xeon (AVX-512) beside low-priority runs.
 Run: python benchmarks/past_horizon.py --seeds 84-89 [--steps 10000] [--workers 2] [--threads 1]
@@ -16,10 +18,13 @@ Run: python benchmarks/past_horizon.py --seeds 84-89 [--steps 10000] [--workers 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import logging
 import math
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -41,23 +46,42 @@ def failed_step(losses: list[float], exploded: int | None) -> int | None:
     return min(events) if events else None
 
 
+@contextmanager
+def claimed(path: Path) -> Iterator[bool]:
+    """Hold the claim to train ``path``: yields True when this process should train it, False when
+    another process trained it while this one waited. The claim is a lock on a file beside ``path``
+    (``flock``), which the kernel drops when its holder exits, killed or not, so none goes stale."""
+    lock = path.with_name(path.name + ".training")
+    with lock.open("a") as held:
+        try:
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            logging.info("another process is training it; waiting for its result")
+            fcntl.flock(held, fcntl.LOCK_EX)
+        yield not path.is_file()
+        if path.is_file():
+            lock.unlink(missing_ok=True)  # while still held: a waiter wakes to find the result
+
+
 def rerun(failure: str, seed: int, steps: int, threads: int, runs: Path) -> dict[str, Any]:
     """The failing run of ``seed`` trained to ``steps`` without monitors (saved, or resumed)."""
     path = runs / f"{failure}-failing-{seed}-to{steps}.json"
     if path.is_file():
         return json.loads(path.read_text())
-    torch.set_num_threads(threads)
     logging.basicConfig(format=f"  {path.stem}: %(message)s", level=logging.INFO, force=True)
-    spec = FAILURES[failure].spec("failing", seed)
-    spec.training.steps = steps
-    result = probe(spec)
-    longer = {
-        "seed": seed, "steps": steps, "threads": threads, "losses": result.losses, "grad_norms": result.grad_norms,
-        "exploded_step": result.diverged_step if result.diverged else None,
-    }  # fmt: skip
-    with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(longer))
-    return longer
+    with claimed(path) as mine:
+        if mine:
+            torch.set_num_threads(threads)
+            spec = FAILURES[failure].spec("failing", seed)
+            spec.training.steps = steps
+            result = probe(spec)
+            longer = {
+                "seed": seed, "steps": steps, "threads": threads, "losses": result.losses,
+                "grad_norms": result.grad_norms, "exploded_step": result.diverged_step if result.diverged else None,
+            }  # fmt: skip
+            with atomic_path(path) as tmp:
+                tmp.write_text(json.dumps(longer))
+    return json.loads(path.read_text())
 
 
 def judge(watched: WatchedRun, longer: dict[str, Any]) -> dict[str, Any]:

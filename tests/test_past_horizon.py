@@ -1,6 +1,10 @@
 """Failing runs trained on past the benchmark's horizon (benchmarks/past_horizon.py)."""
 
 import math
+import subprocess
+import sys
+import threading
+import time
 
 import pytest
 
@@ -50,3 +54,42 @@ def test_an_alarm_after_the_failure_is_no_lead(past_horizon):
     first = learning(300)
     row = past_horizon.judge(watched(first, 280), {"steps": 600, "losses": first + learning(300), "exploded_step": 250})
     assert row["failed"] == 250 and row["lead"] is None and not row["lead_bar_met"]
+
+
+def test_a_second_call_for_a_seed_waits_for_the_first_and_trains_nothing(past_horizon, tmp_path):
+    """The make target's rerun and one started by hand share the claim: the later caller blocks until
+    the result is saved, then is told not to train."""
+    result = tmp_path / "run-to600.json"
+    holding, told = threading.Event(), []
+
+    def first() -> None:
+        with past_horizon.claimed(result) as mine:
+            told.append(("first", mine))
+            holding.set()
+            time.sleep(0.3)
+            result.write_text("{}")
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    holding.wait(timeout=10)
+    with past_horizon.claimed(result) as mine:
+        told.append(("second", mine))
+        assert result.is_file()  # woke only after the first saved its result
+    thread.join()
+    assert told == [("first", True), ("second", False)]
+    assert not (tmp_path / "run-to600.json.training").exists()
+
+
+def test_a_claim_whose_holder_was_killed_does_not_hold(past_horizon, tmp_path):
+    result = tmp_path / "run-to600.json"
+    lock = tmp_path / "run-to600.json.training"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"import fcntl, time; f = open({str(lock)!r}, 'a'); fcntl.flock(f, fcntl.LOCK_EX); "
+         "print('held', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert holder.stdout.readline().strip() == "held"
+    holder.kill()
+    holder.wait(timeout=10)
+    with past_horizon.claimed(result) as mine:
+        assert mine  # its file is still there, but no lock on it
