@@ -70,18 +70,19 @@ def rerun(failure: str, seed: int, steps: int, threads: int, runs: Path) -> dict
         return json.loads(path.read_text())
     logging.basicConfig(format=f"  {path.stem}: %(message)s", level=logging.INFO, force=True)
     with claimed(path) as mine:
-        if mine:
-            torch.set_num_threads(threads)
-            spec = FAILURES[failure].spec("failing", seed)
-            spec.training.steps = steps
-            result = probe(spec)
-            longer = {
-                "seed": seed, "steps": steps, "threads": threads, "losses": result.losses,
-                "grad_norms": result.grad_norms, "exploded_step": result.diverged_step if result.diverged else None,
-            }  # fmt: skip
-            with atomic_path(path) as tmp:
-                tmp.write_text(json.dumps(longer))
-    return json.loads(path.read_text())
+        if not mine:  # another process trained it while this one waited
+            return json.loads(path.read_text())
+        torch.set_num_threads(threads)
+        spec = FAILURES[failure].spec("failing", seed)
+        spec.training.steps = steps
+        result = probe(spec)
+        longer = {
+            "seed": seed, "steps": steps, "threads": threads, "losses": result.losses, "grad_norms": result.grad_norms,
+            "exploded_step": result.diverged_step if result.diverged else None,
+        }  # fmt: skip
+        with atomic_path(path) as tmp:
+            tmp.write_text(json.dumps(longer))
+    return longer
 
 
 def judge(watched: WatchedRun, longer: dict[str, Any]) -> dict[str, Any]:
