@@ -148,3 +148,39 @@ def test_every_table_ends_before_its_prose(doc):
         if row.startswith("|") and after.strip() and not after.startswith("|")
     ]
     assert not glued, f"{doc.name}: text right under a table at line(s) {glued[:5]}"
+
+
+# Healthy Post-LN's seed sd of final loss at a third of the lr (README, "Acting on the alarms"): a
+# capped run ending less than this above its twin that rolled back on every alarm is "no worse"
+SEED_SD = 0.034
+
+
+def _rollback_runs(policy: str, pattern: str) -> dict[tuple[str, int], dict]:
+    """Deep Post-LN failing runs (``guarded_runs`` holds no other kind) guarded by ``policy`` in the
+    results files matching ``pattern``, by (the CPU a rerun names, or "" for a set's own runs) and seed."""
+    runs = {}
+    for path in RESULTS.glob(pattern):
+        where = path.name.split("-")[2] if path.name.startswith("monitors-rerun-") else ""
+        for run in json.loads(path.read_text()).get("guarded_runs", []):
+            if run["policy"] == policy and run["failure"] == "post_ln_without_warmup":
+                runs[where, run["seed"]] = run
+    return runs
+
+
+def test_readme_capped_rollback_counts_are_the_results_files():
+    """The README counts the runs retrained with one rollback (``rollback-once``) and how many ended no
+    worse than with every rollback, twice, in prose: a set that adds one must move both counts (one
+    of them stood stale for three sets). "No worse": not failed, and, where the twin is committed
+    (it is not for the nine of 132-149), at most a seed sd above it."""
+    capped = _rollback_runs("rollback-once", "monitors-*rollback-once*.json")
+    twins = _rollback_runs("rollback", "monitors-*actions-*.json")
+    worse = [
+        key
+        for key, run in capped.items()
+        if run["ended_failed"] or (key in twins and run["final_loss"] > twins[key]["final_loss"] + SEED_SD)
+    ]
+    total, fine = len(capped), len(capped) - len(worse)
+    assert total >= 41 and len(twins.keys() & capped.keys()) >= 32  # every committed file was read
+    prose = " ".join(README.read_text().split())
+    assert f"of the {total} runs rolled back more than once and retrained with the cap, {fine} ended no worse" in prose
+    assert f"on {fine} of the {total} capped runs" in prose
