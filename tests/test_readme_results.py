@@ -184,3 +184,27 @@ def test_readme_capped_rollback_counts_are_the_results_files():
     prose = " ".join(README.read_text().split())
     assert f"of the {total} runs rolled back more than once and retrained with the cap, {fine} ended no worse" in prose
     assert f"on {fine} of the {total} capped runs" in prose
+
+
+def test_readme_past_horizon_count_is_the_results_files():
+    """The README sums the failing runs that outlived the horizon and were trained on past it: a set
+    that adds one must move the count, the range of steps at which they were lost and of rksp's
+    leads, and the lead bar's count, all read here from ``monitors-past-horizon-*.json``."""
+    rows = [
+        row
+        for path in sorted(RESULTS.glob("monitors-past-horizon-*.json"))
+        for row in json.loads(path.read_text())["rows"]
+    ]
+    failed = [row["failed"] for row in rows if row["failed"] is not None]
+    leads = [row["lead"] for row in rows if row["lead"] is not None]
+    met = sum(bool(row["lead_bar_met"]) for row in rows)
+    assert len(rows) >= 33  # every committed file was read
+    assert len(failed) == len(rows), (
+        "a run that outlived the horizon and was not lost: the README's 'were lost' no longer holds"
+    )
+    prose = " ".join(README.read_text().split())
+    assert (
+        f"all {len(rows)} held out and taken on to 10,000 steps (`benchmarks/past_horizon.py`, "
+        f"`monitors-past-horizon-*.json`) were lost, at steps {min(failed)}-{max(failed)}, "
+        f"each {min(leads)}-{max(leads)} steps after rksp's first alarm (the lead bar on {met} of {len(rows)})"
+    ) in prose
