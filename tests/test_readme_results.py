@@ -8,6 +8,7 @@ that program. A table edited by hand, or a results file rerun without the README
 import importlib
 import itertools
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -150,9 +151,21 @@ def test_every_table_ends_before_its_prose(doc):
     assert not glued, f"{doc.name}: text right under a table at line(s) {glued[:5]}"
 
 
-# Healthy Post-LN's seed sd of final loss at a third of the lr (README, "Acting on the alarms"): a
-# capped run ending less than this above its twin that rolled back on every alarm is "no worse"
-SEED_SD = 0.034
+def _readme_prose() -> str:
+    """The README with its line breaks and indents folded to single spaces, so a sentence is found
+    however it is wrapped."""
+    return " ".join(README.read_text().split())
+
+
+def _healthy_post_ln_seed_sd() -> float:
+    """The seed sd of healthy Post-LN's final loss at a third of the lr, over the benchmark's own
+    controls (``monitors.json``; the README quotes it as 0.034): a capped run ending less than this
+    above its twin that rolled back on every alarm is "no worse"."""
+    runs = json.loads((RESULTS / "monitors.json").read_text())["runs"]
+    finals = [
+        r["final_loss"] for r in runs if r["failure"] == "post_ln_without_warmup" and r["kind"] == "control_low_lr"
+    ]
+    return statistics.stdev(finals)
 
 
 def _rollback_runs(policy: str, pattern: str) -> dict[tuple[str, int], dict]:
@@ -174,14 +187,15 @@ def test_readme_capped_rollback_counts_are_the_results_files():
     (it is not for the nine of 132-149), at most a seed sd above it."""
     capped = _rollback_runs("rollback-once", "monitors-*rollback-once*.json")
     twins = _rollback_runs("rollback", "monitors-*actions-*.json")
+    seed_sd = _healthy_post_ln_seed_sd()
     worse = [
         key
         for key, run in capped.items()
-        if run["ended_failed"] or (key in twins and run["final_loss"] > twins[key]["final_loss"] + SEED_SD)
+        if run["ended_failed"] or (key in twins and run["final_loss"] > twins[key]["final_loss"] + seed_sd)
     ]
     total, fine = len(capped), len(capped) - len(worse)
     assert total >= 41 and len(twins.keys() & capped.keys()) >= 32  # every committed file was read
-    prose = " ".join(README.read_text().split())
+    prose = _readme_prose()
     assert f"of the {total} runs rolled back more than once and retrained with the cap, {fine} ended no worse" in prose
     assert f"on {fine} of the {total} capped runs" in prose
 
@@ -202,7 +216,7 @@ def test_readme_past_horizon_count_is_the_results_files():
     assert len(failed) == len(rows), (
         "a run that outlived the horizon and was not lost: the README's 'were lost' no longer holds"
     )
-    prose = " ".join(README.read_text().split())
+    prose = _readme_prose()
     assert (
         f"all {len(rows)} held out and taken on to 10,000 steps (`benchmarks/past_horizon.py`, "
         f"`monitors-past-horizon-*.json`) were lost, at steps {min(failed)}-{max(failed)}, "
