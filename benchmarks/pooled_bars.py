@@ -221,6 +221,14 @@ def tables(sets: list[tuple[Path, Path | None]], failure: str) -> str:
 RACES = ("rksp first", f"a detector first by < {DEFAULT_EVERY} steps", f"by {DEFAULT_EVERY} or more", "no rksp alarm")
 
 
+def earliest_detectors(run: dict[str, Any]) -> tuple[int, set[str]]:
+    """The earliest matched detector alarm before the failure of one run of
+    ``matched_detectors.failing_runs``, and every detector that raised it (a tie names several)."""
+    fired = {name: step for name, step in run["matched_detectors"].items() if lead(run["failed"], step) is not None}
+    first = min(fired.values())
+    return first, {name for name, step in fired.items() if step == first}
+
+
 def race(run: dict[str, Any]) -> str:
     """Which of ``RACES`` one failing run of ``matched_detectors.failing_runs`` falls in: rksp first,
     or beaten (or tied) by the earliest matched detector's alarm before the failure, by how much, or
@@ -229,7 +237,7 @@ def race(run: dict[str, Any]) -> str:
         return RACES[0]
     if lead(run["failed"], run["rksp"]) is None:
         return RACES[3]
-    first = min(step for step in run["matched_detectors"].values() if lead(run["failed"], step) is not None)
+    first, _ = earliest_detectors(run)
     return RACES[1] if run["rksp"] - first < DEFAULT_EVERY else RACES[2]
 
 

@@ -126,9 +126,10 @@ def test_readme_race_table_is_the_program_s_and_agrees_with_the_pooled_earliness
     recorded = [json.loads(m.read_text()) for m, _ in sets]
     summed = pooled.pool([pooled.set_row(r, failure) for r in recorded if r.get("failing_runs")], "with runs")
     races, first = summed["failed"], summed["earliest"]
-    assert table.splitlines()[-1].startswith(f"| **all** | {races} | {first} |")
+    total = table.splitlines()[-1]
+    assert total.startswith(f"| **all** | {races} | {first} |")
     # the prose quotes the same row three times; one of its counts drifted two behind for seven sets
-    close, far = (int(c) for c in table.splitlines()[-1].split("|")[4:6])  # by under / at least one interval
+    close, far = (int(c) for c in total.split("|")[4:6])  # by under / at least one interval
     prose = _readme_prose()
     assert (
         f"Of the {races} deep failures with a run-by-run record, a check every step could have won at most {close} "
@@ -149,17 +150,12 @@ def test_readme_names_the_rules_that_won_the_races_by_an_interval_or_more(monkey
                 continue
             if pooled.race(run) != pooled.RACES[2]:
                 continue
-            fired = {
-                name: step
-                for name, step in run["matched_detectors"].items()
-                if pooled.lead(run["failed"], step) is not None
-            }
-            first = min(fired.values())
-            winners = {name for name, step in fired.items() if step == first}
+            first, winners = pooled.earliest_detectors(run)
             margin = run["rksp"] - first
             if "OLMo-core SkipStepOptimizer" in winners:
                 olmo.append(margin)
-                tied += [run["seed"]] if len(winners) > 1 else []
+                if len(winners) > 1:
+                    tied.append(run["seed"])
             else:
                 assert winners == {"llm-foundry KillLossSpike"}, (run["seed"], winners)
                 foundry.append(margin)
