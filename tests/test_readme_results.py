@@ -8,6 +8,7 @@ that program. A table edited by hand, or a results file rerun without the README
 import importlib
 import itertools
 import json
+import re
 import statistics
 from pathlib import Path
 
@@ -164,6 +165,36 @@ def test_readme_names_the_rules_that_won_the_races_by_an_interval_or_more(monkey
     assert tied == [343] and "on 343 tied with tuned Megatron-LM's" in prose
     assert f"which fired {min(olmo)}-{max(olmo)} steps before rksp's first alarm" in prose
     assert len(foundry) == 2 and f"two to tuned llm-foundry's, {min(foundry)} and {max(foundry)} steps" in prose
+
+
+def _lead_misses(pooled, failure: str, since: int = 0) -> list[int]:
+    """The seeds whose ``failure`` failed within the horizon with rksp's lead short of the bar, from
+    the run-by-run records of every pooled set."""
+    return sorted(
+        run["seed"]
+        for path, _ in pooled.default_sets()
+        for run in json.loads(path.read_text()).get("failing_runs", [])
+        if run["failure"] == failure and run["failed"] is not None and run["seed"] >= since
+        and not run["lead_bar_met"]
+    )  # fmt: skip
+
+
+def test_readme_names_every_lead_miss_of_the_run_by_run_records(monkeypatch):
+    """The README says what happened on each failure whose lead missed the bar; that list is prose
+    kept by hand as sets are added, so a new miss left out of it, or its count left unmoved, is
+    caught here from the same records the pooled counts come from."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    pooled = importlib.import_module("benchmarks.pooled_bars")
+    deep = _lead_misses(pooled, "post_ln_without_warmup", since=90)
+    low_precision = _lead_misses(pooled, "low_precision_attention")
+    assert len(deep) >= 27 and len(low_precision) >= 8  # every committed set was read
+    prose = _readme_prose()
+    start = prose.index(f"The {len(deep)} deep misses since seed 90:")
+    listing = prose[start : prose.index(f"The {len(low_precision)} low-precision misses", start)]
+    named = {int(n) for n in re.findall(r"\b\d+\b", listing)}
+    assert [seed for seed in deep if seed not in named] == [], "deep misses the README does not name"
+    assert f"The {len(low_precision)} low-precision misses ({', '.join(map(str, low_precision))})" in prose
+    assert not _lead_misses(pooled, "attention_logit_growth")  # the README: the bar met on every one
 
 
 def test_pooled_sets_name_every_held_out_comparison(monkeypatch):
