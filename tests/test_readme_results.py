@@ -189,12 +189,33 @@ def test_readme_names_every_lead_miss_of_the_run_by_run_records(monkeypatch):
     low_precision = _lead_misses(pooled, "low_precision_attention")
     assert len(deep) >= 27 and len(low_precision) >= 8  # every committed set was read
     prose = _readme_prose()
-    start = prose.index(f"The {len(deep)} deep misses since seed 90:")
+    heading = f"The {len(deep)} deep misses since seed 90:"
+    assert heading in prose, f"README lacks {heading!r}"
+    start = prose.index(heading)
     listing = prose[start : prose.index(f"The {len(low_precision)} low-precision misses", start)]
     named = {int(n) for n in re.findall(r"\b\d+\b", listing)}
     assert [seed for seed in deep if seed not in named] == [], "deep misses the README does not name"
     assert f"The {len(low_precision)} low-precision misses ({', '.join(map(str, low_precision))})" in prose
     assert not _lead_misses(pooled, "attention_logit_growth")  # the README: the bar met on every one
+
+
+def test_readme_quiet_deep_controls_since_the_entropy_rule_are_the_pooled_sets(monkeypatch):
+    """The README and the held-out record say no deep control has alarmed on any set since
+    ``attention_entropy``'s lone-block rule shipped (seed 186). The README listed those sets by hand
+    and stood three sets short; the record's count of controls grew by 4 a set, not 8, for ten sets.
+    The span and the counts are read here from the pooled rows, which must all be quiet."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    pooled = importlib.import_module("benchmarks.pooled_bars")
+    rows = [pooled.set_row(json.loads(m.read_text()), "post_ln_without_warmup") for m, _ in pooled.default_sets()]
+    since = [row for row in rows if row is not None and row["first_seed"] >= 186]
+    assert [row["seeds"] for row in since if row["false_alarms"]] == []
+    controls = sum(row["controls"] for row in since)
+    assert (
+        f"on the {len(since)} sets from {since[0]['seeds']} to {since[-1]['seeds']}, the first watched under it, "
+        f"no deep control alarmed (0 of {controls})"
+    ) in _readme_prose()
+    last = since[-1]["seeds"].split("-")[1]
+    assert f"none of the {controls} controls of 186-{last} alarmed" in " ".join(HELD_OUT.read_text().split())
 
 
 def test_pooled_sets_name_every_held_out_comparison(monkeypatch):
