@@ -5,6 +5,7 @@ Issue 16 asks for results "so that the figures in the README can be checked by a
 that program. A table edited by hand, or a results file rerun without the README following, fails.
 """
 
+import functools
 import importlib
 import itertools
 import json
@@ -116,6 +117,22 @@ def test_readme_pooled_bars_are_the_program_s_sums(monkeypatch, failure):
     assert table in README.read_text(), "README lacks pooled_bars.py's table as it prints it"
 
 
+@functools.cache
+def _comparisons(pooled) -> tuple[dict, ...]:
+    """Every comparison ``pooled_bars.SETS`` pools, parsed once for the tests that read them."""
+    return tuple(json.loads(m.read_text()) for m, _ in pooled.default_sets())
+
+
+def _failed_runs(pooled, failure: str) -> list[dict]:
+    """The run-by-run records of the pooled sets' runs of ``failure`` that failed within the horizon."""
+    return [
+        run
+        for results in _comparisons(pooled)
+        for run in results.get("failing_runs", [])
+        if run["failure"] == failure and run["failed"] is not None
+    ]
+
+
 def test_readme_race_table_is_the_program_s_and_agrees_with_the_pooled_earliness(monkeypatch):
     """Where rksp was not first on deep Post-LN, by how much: the README's table is the program's,
     and its "rksp first" column is the earliness count of the same sets' pooled rows."""
@@ -124,14 +141,14 @@ def test_readme_race_table_is_the_program_s_and_agrees_with_the_pooled_earliness
     sets, failure = pooled.default_sets(), "post_ln_without_warmup"
     table = pooled.races(sets, failure)
     assert table in README.read_text(), "README lacks pooled_bars.py --races as it prints it"
-    recorded = [json.loads(m.read_text()) for m, _ in sets]
-    summed = pooled.pool([pooled.set_row(r, failure) for r in recorded if r.get("failing_runs")], "with runs")
+    with_runs = [pooled.set_row(r, failure) for r in _comparisons(pooled) if r.get("failing_runs")]
+    summed = pooled.pool(with_runs, "with runs")
     races, first = summed["failed"], summed["earliest"]
     total = table.splitlines()[-1]
     assert total.startswith(f"| **all** | {races} | {first} |")
     # the prose quotes the same row three times; one of its counts drifted two behind for seven sets
     close, far = (int(c) for c in total.split("|")[4:6])  # by under / at least one interval
-    prose = _readme_prose()
+    prose = _prose()
     assert (
         f"Of the {races} deep failures with a run-by-run record, a check every step could have won at most {close} "
         "more races"
@@ -145,22 +162,19 @@ def test_readme_names_the_rules_that_won_the_races_by_an_interval_or_more(monkey
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     pooled = importlib.import_module("benchmarks.pooled_bars")
     olmo, foundry, tied = [], [], []
-    for path, _ in pooled.default_sets():
-        for run in json.loads(path.read_text()).get("failing_runs", []):
-            if run["failure"] != "post_ln_without_warmup" or run["failed"] is None:
-                continue
-            if pooled.race(run) != pooled.RACES[2]:
-                continue
-            first, winners = pooled.earliest_detectors(run)
-            margin = run["rksp"] - first
-            if "OLMo-core SkipStepOptimizer" in winners:
-                olmo.append(margin)
-                if len(winners) > 1:
-                    tied.append(run["seed"])
-            else:
-                assert winners == {"llm-foundry KillLossSpike"}, (run["seed"], winners)
-                foundry.append(margin)
-    prose = _readme_prose()
+    for run in _failed_runs(pooled, "post_ln_without_warmup"):
+        if pooled.race(run) != pooled.RACES[2]:
+            continue
+        first, winners = pooled.earliest_detectors(run)
+        margin = run["rksp"] - first
+        if "OLMo-core SkipStepOptimizer" in winners:
+            olmo.append(margin)
+            if len(winners) > 1:
+                tied.append(run["seed"])
+        else:
+            assert winners == {"llm-foundry KillLossSpike"}, (run["seed"], winners)
+            foundry.append(margin)
+    prose = _prose()
     assert f"races, {len(olmo)} went to tuned OLMo-core's rule" in prose
     assert tied == [343] and "on 343 tied with tuned Megatron-LM's" in prose
     assert f"which fired {min(olmo)}-{max(olmo)} steps before rksp's first alarm" in prose
@@ -170,13 +184,8 @@ def test_readme_names_the_rules_that_won_the_races_by_an_interval_or_more(monkey
 def _lead_misses(pooled, failure: str, since: int = 0) -> list[int]:
     """The seeds whose ``failure`` failed within the horizon with rksp's lead short of the bar, from
     the run-by-run records of every pooled set."""
-    return sorted(
-        run["seed"]
-        for path, _ in pooled.default_sets()
-        for run in json.loads(path.read_text()).get("failing_runs", [])
-        if run["failure"] == failure and run["failed"] is not None and run["seed"] >= since
-        and not run["lead_bar_met"]
-    )  # fmt: skip
+    runs = _failed_runs(pooled, failure)
+    return sorted(run["seed"] for run in runs if run["seed"] >= since and not run["lead_bar_met"])
 
 
 def test_readme_names_every_lead_miss_of_the_run_by_run_records(monkeypatch):
@@ -188,7 +197,7 @@ def test_readme_names_every_lead_miss_of_the_run_by_run_records(monkeypatch):
     deep = _lead_misses(pooled, "post_ln_without_warmup", since=90)
     low_precision = _lead_misses(pooled, "low_precision_attention")
     assert len(deep) >= 27 and len(low_precision) >= 8  # every committed set was read
-    prose = _readme_prose()
+    prose = _prose()
     heading = f"The {len(deep)} deep misses since seed 90:"
     assert heading in prose, f"README lacks {heading!r}"
     start = prose.index(heading)
@@ -206,16 +215,16 @@ def test_readme_quiet_deep_controls_since_the_entropy_rule_are_the_pooled_sets(m
     The span and the counts are read here from the pooled rows, which must all be quiet."""
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     pooled = importlib.import_module("benchmarks.pooled_bars")
-    rows = [pooled.set_row(json.loads(m.read_text()), "post_ln_without_warmup") for m, _ in pooled.default_sets()]
+    rows = [pooled.set_row(results, "post_ln_without_warmup") for results in _comparisons(pooled)]
     since = sorted((row for row in rows if row is not None and row["first_seed"] >= 186), key=lambda r: r["first_seed"])
     assert [row["seeds"] for row in since if row["false_alarms"]] == []
     controls = sum(row["controls"] for row in since)
     assert (
         f"on the {len(since)} sets from {since[0]['seeds']} to {since[-1]['seeds']}, the first watched under it, "
         f"no deep control alarmed (0 of {controls})"
-    ) in _readme_prose()
+    ) in _prose()
     last = since[-1]["seeds"].split("-")[1]
-    assert f"none of the {controls} controls of 186-{last} alarmed" in " ".join(HELD_OUT.read_text().split())
+    assert f"none of the {controls} controls of 186-{last} alarmed" in _prose(HELD_OUT)
 
 
 def test_pooled_sets_name_every_held_out_comparison(monkeypatch):
@@ -241,10 +250,10 @@ def test_every_table_ends_before_its_prose(doc):
     assert not glued, f"{doc.name}: text right under a table at line(s) {glued[:5]}"
 
 
-def _readme_prose() -> str:
-    """The README with its line breaks and indents folded to single spaces, so a sentence is found
+def _prose(doc: Path = README) -> str:
+    """``doc`` with its line breaks and indents folded to single spaces, so a sentence is found
     however it is wrapped."""
-    return " ".join(README.read_text().split())
+    return " ".join(doc.read_text().split())
 
 
 def _healthy_post_ln_seed_sd() -> float:
@@ -285,7 +294,7 @@ def test_readme_capped_rollback_counts_are_the_results_files():
     ]
     total, fine = len(capped), len(capped) - len(worse)
     assert total >= 41 and len(twins.keys() & capped.keys()) >= 32  # every committed file was read
-    prose = _readme_prose()
+    prose = _prose()
     assert f"of the {total} runs rolled back more than once and retrained with the cap, {fine} ended no worse" in prose
     assert f"on {fine} of the {total} capped runs" in prose
 
@@ -306,7 +315,7 @@ def test_readme_past_horizon_count_is_the_results_files():
     assert len(failed) == len(rows), (
         "a run that outlived the horizon and was not lost: the README's 'were lost' no longer holds"
     )
-    prose = _readme_prose()
+    prose = _prose()
     assert (
         f"all {len(rows)} held out and taken on to 10,000 steps (`benchmarks/past_horizon.py`, "
         f"`monitors-past-horizon-*.json`) were lost, at steps {min(failed)}-{max(failed)}, "
