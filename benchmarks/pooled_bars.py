@@ -116,6 +116,7 @@ SETS = [
     ("monitors-matched-364-367.json", None),  # four seeds, on the same EPYC
     ("monitors-matched-368-371.json", None),  # four seeds, on the same EPYC
     ("monitors-matched-372-375.json", None),  # four seeds, on the same EPYC
+    ("monitors-matched-376-379.json", None),  # four seeds, on the same EPYC
 ]
 SUBLAYER_FROM = 60  # the first seed watched by all of today's monitors (sublayer_ratio, the newest)
 DETECTOR_NAMES = {cls.name for cls in DETECTORS}

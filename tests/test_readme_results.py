@@ -281,9 +281,10 @@ def _rollback_runs(policy: str, pattern: str) -> dict[tuple[str, int], dict]:
 
 def test_readme_capped_rollback_counts_are_the_results_files():
     """The README counts the runs retrained with one rollback (``rollback-once``) and how many ended no
-    worse than with every rollback, twice, in prose: a set that adds one must move both counts (one
-    of them stood stale for three sets). "No worse": not failed, and, where the twin is committed
-    (it is not for the nine of 132-149), at most a seed sd above it."""
+    worse than with every rollback, twice, in prose, and the held-out record's summary once: a set
+    that adds one must move all three counts (one stood stale for three sets, the summary's for
+    one). "No worse": not failed, and, where the twin is committed (it is not for the nine of
+    132-149), at most a seed sd above it."""
     capped = _rollback_runs("rollback-once", "monitors-*rollback-once*.json")
     twins = _rollback_runs("rollback", "monitors-*actions-*.json")
     seed_sd = _healthy_post_ln_seed_sd()
@@ -297,6 +298,7 @@ def test_readme_capped_rollback_counts_are_the_results_files():
     prose = _prose()
     assert f"of the {total} runs rolled back more than once and retrained with the cap, {fine} ended no worse" in prose
     assert f"on {fine} of the {total} capped runs" in prose
+    assert f"of the {total} capped runs in all, {fine} ended no worse" in _prose(HELD_OUT)
 
 
 def test_readme_past_horizon_count_is_the_results_files():
@@ -321,3 +323,13 @@ def test_readme_past_horizon_count_is_the_results_files():
         f"`monitors-past-horizon-*.json`) were lost, at steps {min(failed)}-{max(failed)}, "
         f"each {min(leads)}-{max(leads)} steps after rksp's first alarm (the lead bar on {met} of {len(rows)})"
     ) in prose
+
+
+def test_heldout_lists_the_past_horizon_files():
+    """The held-out record lists the sets with a ``monitors-past-horizon-S-E.json`` by hand; a set
+    with no run past its horizon writes none, and 372-375 was once listed without one."""
+    listed = re.search(r"`monitors-past-horizon-S-E\.json` \(([^)]*)\)", _prose(HELD_OUT))
+    assert listed, "the held-out record no longer lists the past-horizon files"
+    sets = re.split(r", | and ", listed.group(1))
+    files = [p.stem.removeprefix("monitors-past-horizon-") for p in RESULTS.glob("monitors-past-horizon-*-*.json")]
+    assert sets == sorted(files, key=lambda s: int(s.split("-")[0]))
