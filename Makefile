@@ -103,7 +103,7 @@ bench-monitors-matched: install
 # races rksp lost to a detector, pooled over every held-out set. Resumable: each run is saved as
 # it finishes (in a git-ignored folder), and the set's runs are packed at the end into
 # benchmarks/results/runs/, which is committed: a fresh checkout unpacks them first.
-HELD_OUT ?= 380
+HELD_OUT ?= 384
 HELD_OUT_COUNT ?= 6
 # $(call span,FIRST,COUNT): the seed range A-B of COUNT seeds from FIRST, as the results files name it
 span = $(1)-$(shell echo $$(($(1) + $(2) - 1)))
