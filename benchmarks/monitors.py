@@ -17,7 +17,8 @@ a run saved under other monitor code (``monitor_code``: an alarm rule changed) i
 Writes benchmarks/results/monitors.json and prints Markdown.
 Run: python benchmarks/monitors.py [--failures a,b] [--seeds 6] [--first-seed 0] [--workers 2]
 [--threads N] [--policies skip,backoff,rollback,rollback-once] [--kinds failing,control,...]
-[--seed-list 133,135] [--device cuda] [--progress] [--runs DIR] [--saved-only]
+[--seed-list 133,135] [--device cuda] [--progress] [--runs DIR] [--saved-only | --guarded-only
+[--only-if failed|rolled-back-twice]]
 (``--failures post_ln_without_warmup_wide``, ``failures.GPU_FAILURES``, is sized for a GPU and
 not in the default list; ``--saved-only`` tables runs saved under ``--runs``, trained here or on
 another machine, without training any). With every failure
@@ -32,8 +33,10 @@ bench-monitors`` runs ``--first-seed 42 --policies ''``, every failure under tod
 (benchmarks/results/monitors.json, the README's table), then the three policies on its width-64
 runs. ``rollback-once`` is rollback that acts on the first alarm only (``Guard(max_actions=1)``;
 later alarms are recorded as ``ignored``): run on the failing runs that rolled back twice, it
-tells whether the second rollback was needed. The spike detectors at matched false alarms (tuned
-on these runs' controls): ``benchmarks/matched_detectors.py``.
+tells whether the second rollback was needed (``--guarded-only --only-if rolled-back-twice`` picks
+those runs from the saved twins, as ``--only-if failed`` picks the failing runs that failed). The
+spike detectors at matched false alarms (tuned on these runs' controls):
+``benchmarks/matched_detectors.py``.
 """
 
 from __future__ import annotations
@@ -79,6 +82,11 @@ Job = tuple[str, str, int, str | None]  # failure, kind, seed, policy
 KNOWN = {**FAILURES, **GPU_FAILURES}
 # benchmark-only policies: a guard policy with a cap on the alarms it acts on (``Guard.max_actions``)
 CAPPED = {"rollback-once": ("rollback", 1)}
+# --only-if: which runs of a held-out set get a guarded twin, read from the runs saved before it
+ONLY_IF = {
+    "failed": "its saved unguarded run failed within its horizon",
+    "rolled-back-twice": "it failed and its saved `rollback` twin rolled back more than once",
+}
 
 
 @dataclass(frozen=True)
@@ -128,6 +136,18 @@ class Runner:
             for done, path in enumerate(pool.map(self.one, todo), 1):
                 print(f"[{done}/{len(todo)}] {path.name}", flush=True)
         return [saved[job] or self.read(job) for job in jobs]
+
+
+def asked_for(runner: Runner, cell: tuple[str, str, int], condition: str) -> bool:
+    """Whether ``cell`` (failure, kind, seed) meets ``condition`` of ``ONLY_IF``, from its saved runs:
+    a held-out set twins only its failing runs that failed, and caps only those that rolled back
+    twice (did the later rollbacks matter?). A missing saved run is an error, not a no."""
+    failed = runner.read((*cell, None)).failed_step is not None
+    if condition == "failed" or not failed:
+        return failed
+    if not runner.path(twin := (*cell, "rollback")).is_file():
+        raise SystemExit(f"--only-if {condition}: no saved rollback twin {runner.path(twin).name}: run it first")
+    return sum(a["action"] == "rollback" for a in runner.read(twin).actions) > 1
 
 
 def _unguarded(watched: list[WatchedRun]) -> dict[tuple[str, str, int], WatchedRun]:
@@ -299,6 +319,13 @@ def main() -> None:
         "watched it (the pairing reads only its losses, which no monitor changes), and refused if their "
         "losses part before the guard first acts (trained on another machine); no head-to-head table",
     )
+    parser.add_argument(
+        "--only-if",
+        choices=sorted(ONLY_IF),
+        help="with --guarded-only, twin only the runs where "
+        + "; or where ".join(f"{k}: {v}" for k, v in ONLY_IF.items())
+        + " (a held-out set's twins); nothing to twin writes nothing",
+    )
     saved.add_argument(
         "--saved-only",
         action="store_true",
@@ -324,6 +351,8 @@ def main() -> None:
     kinds = [k for k in args.kinds.split(",") if k] or sorted(known)
     if unknown := set(kinds) - known:
         raise SystemExit(f"--kinds: unknown {sorted(unknown)}; choose from {', '.join(sorted(known))}")
+    if args.only_if and not args.guarded_only:
+        parser.error("--only-if: only with --guarded-only (it reads the runs saved before the twins)")
     # a failing run beside its controls, seed by seed
     cells = [(n, k, s) for n in names for s in seeds for k in KNOWN[n].kinds if k in kinds]
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.workers)
@@ -343,6 +372,13 @@ def main() -> None:
             raise SystemExit(
                 f"--guarded-only: no saved unguarded run {missing[0]} under {args.runs}: run without it first"
             )
+        if args.only_if:
+            cells = [c for c in cells if asked_for(runner, c, args.only_if)]
+            named = ", ".join(f"{name} {seed}" for name, _, seed in cells) or "none"
+            print(f"--only-if {args.only_if}: {len(cells)} run(s): {named}", flush=True)
+            if not cells:
+                return  # nothing to twin: no results file, as for a set with no run past its horizon
+            seeds = sorted({c[2] for c in cells})
         runs = [runner.read((*c, None)) for c in cells]
         guarded = runner.run_all([(*c, p) for p in policies for c in cells])
     else:

@@ -208,6 +208,56 @@ def test_the_benchmark_tables_saved_runs_without_training_and_refuses_when_none_
     assert not (tmp_path / "no.json").exists()
 
 
+def test_a_held_out_set_twins_its_failed_runs_and_caps_those_that_rolled_back_twice(
+    bench, tmp_path, monkeypatch, capsys
+):
+    """``--only-if`` reads the runs saved before the twins: ``failed`` twins only the failing runs
+    that failed, ``rolled-back-twice`` caps only those whose rollback twin rolled back more than once.
+    Nothing to twin writes nothing; a failed run without its rollback twin is refused, not skipped."""
+    from rksp_cli.monitors.failures import monitor_code
+
+    runs, code = tmp_path / "runs", monitor_code()  # today's code: the saved twin is read, not retrained
+    runs.mkdir()
+
+    def save(run: WatchedRun) -> None:
+        suffix = f"-{run.policy}" if run.policy else ""
+        (runs / f"attention_logit_growth-failing-{run.seed}{suffix}.json").write_text(json.dumps(run.as_dict()))
+
+    for seed, exploded in ((0, 300), (1, None)):
+        run = dataclasses.replace(_run("failing", {"m": 100}, exploded), seed=seed, monitor_code=code)
+        save(dataclasses.replace(run, failure="attention_logit_growth"))
+    twin = dataclasses.replace(_run("failing", {"m": 100}, None), failure="attention_logit_growth", monitor_code=code)
+    twin.policy = "rollback"
+    twin.actions = [
+        {"step": 100, "action": "rollback", "what": "", "by": ["m"], "lr_scale": 1.0},
+        {"step": 100, "action": "backoff", "what": "", "by": ["m"], "lr_scale": 0.5},
+    ]
+    save(twin)
+    argv = ["monitors.py", "--failures", "attention_logit_growth", "--seeds", "2", "--kinds", "failing"]
+    argv += ["--guarded-only", "--runs", str(runs)]
+    monkeypatch.setattr("sys.argv", [*argv, "--policies=rollback", "--only-if", "failed", "--out", str(tmp_path / "a")])
+    bench.main()
+    assert "--only-if failed: 1 run(s): attention_logit_growth 0\n" in capsys.readouterr().out
+    results = json.loads((tmp_path / "a").read_text())
+    assert results["seeds"] == [0] and [(r["seed"], r["acted"]) for r in results["guarded_runs"]] == [(0, [100])]
+    once = [*argv, "--policies=rollback-once", "--only-if", "rolled-back-twice", "--out", str(tmp_path / "b")]
+    monkeypatch.setattr("sys.argv", once)
+    bench.main()  # rolled back once: nothing to cap
+    assert "0 run(s): none" in capsys.readouterr().out and not (tmp_path / "b").exists()
+    runner = bench.Runner(runs)
+    twin.actions.append({"step": 250, "action": "rollback", "what": "", "by": ["m"], "lr_scale": 0.5})
+    save(twin)
+    assert bench.asked_for(runner, ("attention_logit_growth", "failing", 0), "rolled-back-twice")
+    assert not bench.asked_for(runner, ("attention_logit_growth", "failing", 1), "rolled-back-twice")  # no failure
+    (runs / "attention_logit_growth-failing-0-rollback.json").unlink()
+    with pytest.raises(SystemExit, match=r"no saved rollback twin attention_logit_growth-failing-0-rollback\.json"):
+        bench.asked_for(runner, ("attention_logit_growth", "failing", 0), "rolled-back-twice")
+    monkeypatch.setattr("sys.argv", [a for a in once if a != "--guarded-only"])
+    with pytest.raises(SystemExit) as refused:
+        bench.main()
+    assert refused.value.code == 2 and "--only-if: only with --guarded-only" in capsys.readouterr().err
+
+
 def test_the_benchmark_refuses_a_guarded_run_that_is_not_its_unguarded_run_s_twin(bench, tmp_path, monkeypatch):
     """A guarded run trains bit for bit as its unguarded twin until the guard first acts; one whose
     losses part before that (trained on another CPU) is refused, naming the step, and nothing is
