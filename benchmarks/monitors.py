@@ -138,16 +138,17 @@ class Runner:
         return [saved[job] or self.read(job) for job in jobs]
 
 
-def asked_for(runner: Runner, cell: tuple[str, str, int], condition: str) -> bool:
-    """Whether ``cell`` (failure, kind, seed) meets ``condition`` of ``ONLY_IF``, from its saved runs:
-    a held-out set twins only its failing runs that failed, and caps only those that rolled back
-    twice (did the later rollbacks matter?). A missing saved run is an error, not a no."""
-    failed = runner.read((*cell, None)).failed_step is not None
+def asked_for(runner: Runner, plain: WatchedRun, condition: str) -> bool:
+    """Whether the saved unguarded run ``plain`` meets ``condition`` of ``ONLY_IF``: a held-out set
+    twins only its failing runs that failed, and caps only those whose rollback twin acted at more
+    than one alarm (did the later rollbacks matter?). A missing rollback twin is an error, not a no."""
+    failed = plain.failed_step is not None
     if condition == "failed" or not failed:
         return failed
-    if not runner.path(twin := (*cell, "rollback")).is_file():
+    twin = (plain.failure, plain.kind, plain.seed, "rollback")
+    if not runner.path(twin).is_file():
         raise SystemExit(f"--only-if {condition}: no saved rollback twin {runner.path(twin).name}: run it first")
-    return sum(a["action"] == "rollback" for a in runner.read(twin).actions) > 1
+    return len(acted_steps(runner.read(twin))) > 1
 
 
 def _unguarded(watched: list[WatchedRun]) -> dict[tuple[str, str, int], WatchedRun]:
@@ -184,6 +185,11 @@ def actions(watched: list[WatchedRun], guarded: list[WatchedRun]) -> list[dict[s
     return rows
 
 
+def acted_steps(run: WatchedRun) -> list[int]:
+    """The steps at which a guarded run's guard acted (a rollback and its back-off are one step)."""
+    return sorted({a["step"] for a in run.actions if a["action"] != "ignored"})
+
+
 def _acted(run: WatchedRun) -> bool:
     return any(a["action"] != "ignored" for a in run.actions)
 
@@ -198,7 +204,7 @@ def guarded_runs(watched: list[WatchedRun], guarded: list[WatchedRun]) -> list[d
             "seed": g.seed,
             "policy": g.policy,
             "failed_unguarded": plain[(g.failure, g.kind, g.seed)].failed_step,
-            "acted": sorted({a["step"] for a in g.actions if a["action"] != "ignored"}),
+            "acted": acted_steps(g),
             "ignored": sorted({a["step"] for a in g.actions if a["action"] == "ignored"}),
             "final_loss": g.final_loss,
             "exploded_step": g.exploded_step,
@@ -319,18 +325,18 @@ def main() -> None:
         "watched it (the pairing reads only its losses, which no monitor changes), and refused if their "
         "losses part before the guard first acts (trained on another machine); no head-to-head table",
     )
+    saved.add_argument(
+        "--saved-only",
+        action="store_true",
+        help="train nothing: table the runs of these failures, seeds and kinds saved under --runs, whatever "
+        "monitor code watched them (the results count each code), e.g. runs trained on another machine",
+    )
     parser.add_argument(
         "--only-if",
         choices=sorted(ONLY_IF),
         help="with --guarded-only, twin only the runs where "
         + "; or where ".join(f"{k}: {v}" for k, v in ONLY_IF.items())
         + " (a held-out set's twins); nothing to twin writes nothing",
-    )
-    saved.add_argument(
-        "--saved-only",
-        action="store_true",
-        help="train nothing: table the runs of these failures, seeds and kinds saved under --runs, whatever "
-        "monitor code watched them (the results count each code), e.g. runs trained on another machine",
     )
     args = parser.parse_args()
     names = args.failures.split(",")
@@ -372,14 +378,15 @@ def main() -> None:
             raise SystemExit(
                 f"--guarded-only: no saved unguarded run {missing[0]} under {args.runs}: run without it first"
             )
-        if args.only_if:
-            cells = [c for c in cells if asked_for(runner, c, args.only_if)]
-            named = ", ".join(f"{name} {seed}" for name, _, seed in cells) or "none"
-            print(f"--only-if {args.only_if}: {len(cells)} run(s): {named}", flush=True)
-            if not cells:
-                return  # nothing to twin: no results file, as for a set with no run past its horizon
-            seeds = sorted({c[2] for c in cells})
         runs = [runner.read((*c, None)) for c in cells]
+        if args.only_if:
+            runs = [r for r in runs if asked_for(runner, r, args.only_if)]
+            cells = [(r.failure, r.kind, r.seed) for r in runs]
+            named = ", ".join(f"{r.failure} {r.seed}" for r in runs) or "none"
+            print(f"--only-if {args.only_if}: {len(runs)} run(s): {named}", flush=True)
+            if not runs:
+                return  # nothing to twin: no results file, as for a set with no run past its horizon
+            seeds = sorted({r.seed for r in runs})
         guarded = runner.run_all([(*c, p) for p in policies for c in cells])
     else:
         runs = runner.run_all([(*c, None) for c in cells])
