@@ -101,8 +101,9 @@ bench-monitors-matched: install
 # an earlier comparison (a replay), the rollback twin of each deep run that failed and the
 # rollback-once twin of each twin that rolled back twice (10-15 minutes each, two at a time), any
 # failing run that had not failed by its horizon trained on to 10,000 steps without monitors
-# (about 19 minutes each, two at a time), then the bars, and the races rksp lost to a detector,
-# pooled over every held-out set. Resumable: each run is saved as it finishes (in a git-ignored
+# (about 19 minutes each, two at a time), what each run did in the record's terms (its surges, each
+# monitor's first alarm, a twin's actions: a replay), then the bars and the races rksp lost to a
+# detector, pooled over every held-out set. Resumable: each run is saved as it finishes (in a git-ignored
 # folder; a twin started by hand beside the set is found, not trained twice), and the set's runs,
 # twins included, are packed at the end into benchmarks/results/runs/, which is committed: a fresh
 # checkout unpacks them first.
@@ -129,6 +130,7 @@ bench-monitors-heldout: install runs-unpack
 		--only-if rolled-back-twice --workers 2 --threads 1 \
 		--out benchmarks/results/monitors-postln-rollback-once-$(HELD_OUT_SEEDS).json
 	$(BIN)/python benchmarks/past_horizon.py --seeds $(HELD_OUT_SEEDS)
+	$(BIN)/python benchmarks/run_story.py --seeds $(HELD_OUT_SEEDS)
 	$(BIN)/python benchmarks/pooled_bars.py --with benchmarks/results/monitors-matched-$(HELD_OUT_SEEDS).json
 	$(BIN)/python benchmarks/pooled_bars.py --races --with benchmarks/results/monitors-matched-$(HELD_OUT_SEEDS).json
 	$(BIN)/python benchmarks/runs_archive.py pack --seeds $(HELD_OUT_SEEDS)
