@@ -465,6 +465,14 @@ def seed_range(text: str) -> set[int]:
     return set(range(int(first), int(last) + 1))
 
 
+def saved_runs_parser(doc: str) -> argparse.ArgumentParser:
+    """The command line of a script that reads a set's saved runs: ``--seeds A-B`` and ``--runs``."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--seeds", type=seed_range, required=True, help="the seeds read (a range a-b)")
+    parser.add_argument("--runs", type=Path, default=RUNS, help="folder of the saved runs")
+    return parser
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--held-out", type=seed_range, default="42-47", help="seeds judged (a range a-b)")

@@ -19,7 +19,6 @@ Run: python benchmarks/run_story.py --seeds 386-387 [--runs DIR]; seconds, train
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import re
@@ -27,7 +26,7 @@ import statistics
 import textwrap
 from pathlib import Path
 
-from matched_detectors import RUNS, seed_range
+from matched_detectors import saved_runs_parser
 
 from rksp_cli.monitors.failures import DEFAULT_EVERY, WINDOW, WatchedRun
 
@@ -129,9 +128,7 @@ def runs_of(seeds: set[int], folder: Path) -> list[WatchedRun]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=seed_range, required=True, help="the seeds read (a range a-b)")
-    parser.add_argument("--runs", type=Path, default=RUNS, help="folder of the saved runs")
+    parser = saved_runs_parser(__doc__)
     args = parser.parse_args()
     runs = runs_of(args.seeds, args.runs)
     if not runs:

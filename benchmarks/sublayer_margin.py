@@ -16,12 +16,10 @@ Run: python benchmarks/sublayer_margin.py --seeds 222-225 [--runs DIR]; seconds,
 
 from __future__ import annotations
 
-import argparse
 import json
-from pathlib import Path
 from typing import Any
 
-from matched_detectors import RUNS, saved_runs, seed_range, sublayer_ratio_alerts
+from matched_detectors import saved_runs, saved_runs_parser, sublayer_ratio_alerts
 
 from rksp_cli.monitors.base import Alert
 from rksp_cli.monitors.failures import WatchedRun
@@ -112,9 +110,7 @@ def summary(rows: list[dict[str, Any]]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=seed_range, required=True, help="the seeds read (a range a-b)")
-    parser.add_argument("--runs", type=Path, default=RUNS, help="folder of the saved runs")
+    parser = saved_runs_parser(__doc__)
     args = parser.parse_args()
     paths = saved_runs(args.seeds, args.runs)
     if not paths:
