@@ -95,18 +95,18 @@ bench-monitors-matched: install
 		--out benchmarks/results/monitors-tuning.json
 	$(BIN)/python benchmarks/matched_detectors.py --held-out 42-47
 
-# HELD_OUT_COUNT (6) fresh held-out seeds from HELD_OUT under today's code, end to end: deep
-# Post-LN (3 runs a seed, 13-25 minutes a seed on 2 idle cores: 80-150 minutes for six), width 64 (4
-# runs a seed, 1-2 minutes a seed), the detectors at the settings tuned on seeds 0-5 read from
-# an earlier comparison (a replay), the rollback twin of each deep run that failed and the
-# rollback-once twin of each twin that rolled back twice (10-15 minutes each, two at a time), any
-# failing run that had not failed by its horizon trained on to 10,000 steps without monitors
-# (about 19 minutes each, two at a time), what each run did in the record's terms (its surges, each
-# monitor's first alarm, a twin's actions: a replay), then the bars and the races rksp lost to a
-# detector, pooled over every held-out set. Resumable: each run is saved as it finishes (in a git-ignored
-# folder; a twin started by hand beside the set is found, not trained twice), and the set's runs,
-# twins included, are packed at the end into benchmarks/results/runs/, which is committed: a fresh
-# checkout unpacks them first.
+# HELD_OUT_COUNT (6) fresh held-out seeds from HELD_OUT under today's code, end to end: deep Post-LN
+# (3 runs a seed, 13-25 minutes a seed on 2 idle cores: 80-150 minutes for six), width 64 (4 runs a
+# seed, 1-2 minutes a seed), the detectors at the settings tuned on seeds 0-5 read from an earlier
+# comparison (a replay), the rollback twin of each deep run that failed and the rollback-once twin
+# of each twin that rolled back twice (10-15 minutes each, two at a time), any failing run that had
+# not failed by its horizon trained on to 10,000 steps without monitors (about 19 minutes each, two
+# at a time), what each run did in the record's terms (its surges, each monitor's first alarm, a
+# twin's actions: a replay), then the bars and the races rksp lost to a detector, pooled over every
+# held-out set. Resumable: each run is saved as it finishes (in a git-ignored folder; a twin started
+# by hand beside the set is found, not trained twice), and the set's runs, twins included, are
+# packed at the end into benchmarks/results/runs/, which is committed: a fresh checkout unpacks them
+# first.
 HELD_OUT ?= 392
 HELD_OUT_COUNT ?= 6
 # $(call span,FIRST,COUNT): the seed range A-B of COUNT seeds from FIRST, as the results files name it

@@ -99,8 +99,8 @@ def story(run: WatchedRun) -> list[str]:
     alarms = sorted((a for a in run.alerts if a.level == "alarm"), key=lambda a: a.step)
     firsts = {a.monitor: a for a in reversed(alarms)}  # each monitor's earliest alarm
     for alert in sorted(firsts.values(), key=lambda a: a.step):
-        at_once = sum(a.monitor == alert.monitor and a.step == alert.step for a in alarms)
-        where = f"{alert.layer}" + (f" and {at_once - 1} more" if at_once > 1 else "") if alert.layer else "the model"
+        others = sum(a.monitor == alert.monitor and a.step == alert.step for a in alarms) - 1  # same check
+        where = "the model" if alert.layer is None else alert.layer + (f" and {others} more" if others else "")
         lines.append(f"first {alert.monitor} alarm at {alert.step} on {where}: {alert.reason}")
     if failed is not None and not any(a.step <= failed for a in alarms):
         loud = quiet(run, failed)
