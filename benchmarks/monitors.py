@@ -173,7 +173,7 @@ def actions(watched: list[WatchedRun], guarded: list[WatchedRun]) -> list[dict[s
             "failed_guarded": sum(g.ended_failed for _, g in failing),
             "failing_final_loss": statistics.median(g.final_loss for _, g in failing) if failing else None,
             "control_final_loss": statistics.median(p.final_loss for p, _ in controls) if controls else None,
-            "controls": len(controls), "controls_acted_on": sum(_acted(g) for _, g in controls),
+            "controls": len(controls), "controls_acted_on": sum(bool(acted_steps(g)) for _, g in controls),
             "control_final_loss_shift_max": max(shifts, key=abs) if shifts else None,
             # the seed-to-seed spread within each kind of control (Pre-LN and Post-LN end apart)
             "control_final_loss_sd": {
@@ -188,10 +188,6 @@ def actions(watched: list[WatchedRun], guarded: list[WatchedRun]) -> list[dict[s
 def acted_steps(run: WatchedRun) -> list[int]:
     """The steps at which a guarded run's guard acted (a rollback and its back-off are one step)."""
     return sorted({a["step"] for a in run.actions if a["action"] != "ignored"})
-
-
-def _acted(run: WatchedRun) -> bool:
-    return any(a["action"] != "ignored" for a in run.actions)
 
 
 def guarded_runs(watched: list[WatchedRun], guarded: list[WatchedRun]) -> list[dict[str, Any]]:

@@ -10,8 +10,8 @@ those facts from the saved runs, so that the record quotes a command rather than
 - The best loss is the lowest trailing ``WINDOW``-step mean, the one the failure label reads.
 - A monitor's cost is its mean seconds a check over ``DEFAULT_EVERY`` training steps' seconds.
 - A run that failed with no rksp alarm before it gets a quiet line: the largest robust z, |value -
-  median| / (1.4826 MAD), of any signal its monitors recorded at its last check before the failure,
-  against the ``HISTORY`` checks before that one. Only alarms are saved, so this is how near the
+  median| / (``MAD_TO_SIGMA`` MAD), of any signal its monitors recorded at its last check before the
+  failure, against the ``HISTORY`` checks before that one. Only alarms are saved, so this is how near the
   signals came, not whether a warning fired.
 
 Run: python benchmarks/run_story.py --seeds 386-387 [--runs DIR]; seconds, training nothing.
@@ -28,6 +28,7 @@ from pathlib import Path
 
 from matched_detectors import saved_runs_parser
 
+from rksp_cli.monitors.base import MAD_TO_SIGMA
 from rksp_cli.monitors.failures import DEFAULT_EVERY, WINDOW, WatchedRun
 
 SURGE = 20.0  # the gradient norm the record calls a surge
@@ -72,7 +73,7 @@ def quiet(run: WatchedRun, before: int, history: int = HISTORY) -> tuple[float, 
         if len(values) < 5 or not isinstance(value, (int, float)):
             continue
         median = statistics.median(values)
-        spread = 1.4826 * statistics.median(abs(v - median) for v in values)
+        spread = MAD_TO_SIGMA * statistics.median(abs(v - median) for v in values)
         z = abs(value - median) / spread if spread > 0 else (math.inf if value != median else 0.0)
         if loudest is None or z > loudest[0]:
             loudest = (z, key, last["step"])
@@ -122,7 +123,7 @@ def runs_of(seeds: set[int], folder: Path) -> list[WatchedRun]:
         if not ((name := SAVED.fullmatch(path.name)) and int(name["seed"]) in seeds):
             continue
         data = json.loads(path.read_text())
-        if isinstance(data, dict) and "alerts" in data and data.get("seed") in seeds:
+        if "alerts" in data:  # a retrain past the horizon saves no checks
             runs.append(WatchedRun.from_dict(data))
     return runs
 
