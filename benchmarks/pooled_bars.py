@@ -175,13 +175,25 @@ def set_row(results: dict[str, Any], failure: str, head_to_head: dict[str, Any] 
     }  # fmt: skip
 
 
+def _spans(sets: list[dict[str, Any]]) -> list[str]:
+    """The sets that counted the lead bar, each unbroken run of three or more named by its ends (the
+    pooled row stays readable as sets accrue)."""
+    runs: list[list[str]] = [[]]
+    for s in sets:
+        if s["lead_bar_met"] is None:
+            runs.append([])
+        else:
+            runs[-1].append(s["seeds"])
+    return [", ".join(run) if len(run) < 3 else f"{run[0]} to {run[-1]} ({len(run)} sets)" for run in runs if run]
+
+
 def pool(sets: list[dict[str, Any]], label: str) -> dict[str, Any]:
-    """Counts summed over ``sets``; the lead bar over those that counted it."""
+    """Counts summed over ``sets`` (in the order they ran); the lead bar over those that counted it."""
     counted = [s for s in sets if s["lead_bar_met"] is not None]
     return {
         "seeds": label, "failed": sum(s["failed"] for s in sets),
         "lead_bar_met": sum(s["lead_bar_met"] for s in counted), "lead_failed": sum(s["failed"] for s in counted),
-        "lead_sets": [s["seeds"] for s in counted], "earliest": sum(s["earliest"] for s in sets),
+        "lead_sets": _spans(sets), "earliest": sum(s["earliest"] for s in sets),
         "false_alarms": sum(s["false_alarms"] for s in sets), "controls": sum(s["controls"] for s in sets),
     }  # fmt: skip
 

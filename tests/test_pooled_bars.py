@@ -29,6 +29,16 @@ def test_the_lead_bar_pools_only_the_sets_that_counted_it(pooled):
     assert "over" not in pooled.markdown(sets[1:], [pooled.pool(sets[1:], "all")])
 
 
+def test_the_pooled_row_names_a_long_run_of_counted_sets_by_its_ends(pooled):
+    """Three or more sets in a row that counted the lead bar are named by their first and last; a set
+    that did not count it breaks the run."""
+    sets = [a_set(first, 2, 1, 1) for first in (60, 66, 72, 78)]
+    assert pooled.pool(sets, "all")["lead_sets"] == ["60-65 to 78-83 (4 sets)"]
+    sets[1]["lead_bar_met"] = None
+    assert pooled.pool(sets, "all")["lead_sets"] == ["60-65", "72-77, 78-83"]
+    assert "over 60-65, 72-77, 78-83 |" in pooled.markdown(sets, [pooled.pool(sets, "all")])
+
+
 def comparison(failed: int, watched: str, met: int | None = None) -> dict:
     row = {"failure": "f", "watcher": RKSP, "failed": failed, "earlier_than_every_matched_detector": 1,
            "false_alarms": 0, "controls": 12} | ({} if met is None else {"lead_bar_met": met})  # fmt: skip
