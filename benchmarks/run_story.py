@@ -8,6 +8,8 @@ those facts from the saved runs, so that the record quotes a command rather than
 - A surge is a step whose gradient norm passes ``SURGE`` (or is not finite); steps within ``GAP`` of
   each other are one surge, written as its largest norm and its steps: "220 at 4674-4706".
 - The best loss is the lowest trailing ``WINDOW``-step mean, the one the failure label reads.
+- A guarded twin is judged on how it ended (``ended_failed``): one that a rollback sent back to an
+  early state and that learned again is not a failure, though its loss passed the failure line.
 - A monitor's cost is its mean seconds a check over ``DEFAULT_EVERY`` training steps' seconds.
 - A run that failed with no rksp alarm before it gets a quiet line: the largest robust z, |value -
   median| / (``MAD_TO_SIGMA`` MAD), of any signal its monitors recorded at its last check before the
@@ -89,6 +91,12 @@ def story(run: WatchedRun) -> list[str]:
     failed = run.failed_step
     how = "exploded" if failed is not None and failed == run.exploded_step else "lost"
     outcome = f"failed at {failed} ({how})" if failed is not None else f"did not fail by {len(run.losses)}"
+    if run.policy and failed is not None and not run.ended_failed:
+        # a twin is judged on how it ended: a restore to an early state sends its loss back up on the way
+        before = [a["step"] for a in run.actions if a["step"] <= failed]
+        after = f", after acting at {before[-1]}" if before else ""
+        outcome = f"did not end failed by {len(run.losses)} (passed the failure line at {failed}{after})"
+        failed = None
     best = best_mean(run.losses)
     name = f"{run.failure} {run.kind} {run.seed}" + (f" ({run.policy})" if run.policy else "")
     losses = [f"final {run.final_loss:.2f}"] if math.isfinite(run.final_loss) else []

@@ -82,6 +82,26 @@ def test_a_twin_tells_what_it_did_and_a_run_that_never_failed_says_by_when(stori
     assert "acted at 850: rollback, restored the state of step 500 (r_metric)" in lines
 
 
+def test_a_twin_sent_back_to_an_early_state_is_judged_on_how_it_ended(stories):
+    """A rollback to step 0 puts the loss back at its start, which the failure label reads as lost;
+    the twin that then learns again ended healthy, and says so (seed 395's twin read "failed")."""
+    losses = [5.5 - 0.002 * t for t in range(1000)] + [5.5 - 0.002 * t for t in range(1000)]
+    twin = saved_run(_checks([0.1] * 40), "sublayer_ratio", losses=losses)
+    twin.policy = "rollback"
+    twin.actions = [{"step": 1000, "action": "rollback", "what": "restored the state of step 0", "by": ["r_metric"]}]
+    assert twin.failed_step is not None and twin.failed_step > 1000 and not twin.ended_failed
+    lines = stories.story(twin)
+    assert lines[0].startswith(
+        f"post_ln_without_warmup failing 7 (rollback): did not end failed by 2000 (passed the failure line at "
+        f"{twin.failed_step}, after acting at 1000)"
+    )
+    assert not any(line.startswith("no rksp alarm") for line in lines)
+    twin.losses = losses[:1000] + [5.5] * 1000  # never learned again: failed, as the label says
+    assert twin.ended_failed and stories.story(twin)[0].startswith(
+        f"post_ln_without_warmup failing 7 (rollback): failed at {twin.failed_step} (lost)"
+    )
+
+
 def test_the_command_reads_runs_and_twins_skips_retrains_and_fits_a_ci_log(tmp_path):
     script = ROOT / "benchmarks" / "run_story.py"
     done = subprocess.run(
