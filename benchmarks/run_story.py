@@ -29,6 +29,7 @@ import textwrap
 from pathlib import Path
 
 from matched_detectors import saved_runs_parser
+from monitors import acted_steps
 
 from rksp_cli.monitors.base import MAD_TO_SIGMA
 from rksp_cli.monitors.failures import DEFAULT_EVERY, WINDOW, WatchedRun
@@ -93,7 +94,7 @@ def story(run: WatchedRun) -> list[str]:
     outcome = f"failed at {failed} ({how})" if failed is not None else f"did not fail by {len(run.losses)}"
     if run.policy and failed is not None and not run.ended_failed:
         # a twin is judged on how it ended: a restore to an early state sends its loss back up on the way
-        before = [a["step"] for a in run.actions if a["step"] <= failed]
+        before = [step for step in acted_steps(run) if step <= failed]  # an ignored alarm is not an act
         after = f", after acting at {before[-1]}" if before else ""
         outcome = f"did not end failed by {len(run.losses)} (passed the failure line at {failed}{after})"
         failed = None
