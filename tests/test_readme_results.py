@@ -333,3 +333,29 @@ def test_heldout_lists_the_past_horizon_files():
     sets = re.split(r", | and ", listed.group(1))
     files = _sets("monitors-past-horizon-*-*.json")  # in seed order
     assert sets == [Path(name).stem.removeprefix("monitors-past-horizon-") for name in files]
+
+
+def test_heldout_summary_counts_are_the_readme_s():
+    """The held-out record's summary repeats the README's lead counts and its count of Pre-LN seeds
+    with a recorded run; kept by hand in two places, the record's stood six sets stale before this
+    test. Both must move when a set is added."""
+    readme, held_out = _prose(), _prose(HELD_OUT)
+    lead = re.search(
+        r"met on attention-logit growth \((\d+) of (\d+) counted\), missed (\w+) times on low-precision attention "
+        r"\((\d+) of (\d+)\), not met on deep Post-LN \((\d+) of (\d+) fresh failures, (\d+)%, 95% Wilson interval "
+        r"(\d+-\d+)%; (\d+) of the (\d+) watched with `sublayer_ratio`, (\d+)%, (\d+-\d+)%\)",
+        readme,
+    )
+    assert lead, "the README's lead bar no longer reads as this test expects"
+    growth, growth_n, misses, low, low_n, deep, deep_n, share, interval, watched, watched_n, share2, interval2 = (
+        lead.groups()
+    )
+    assert (
+        f"met on attention-logit growth ({growth} of {growth_n} counted), missed {misses} times on low-precision "
+        f"attention ({low} of {low_n} counted), not met on deep Post-LN: {deep} of {deep_n} fresh failures "
+        f"({share}%; 95% Wilson interval {interval}%), {watched} of the {watched_n} watched with `sublayer_ratio` "
+        f"among the monitors ({share2}%; {interval2}%"
+    ) in held_out
+    seeds = re.search(r"A control that failed itself \(2 of the (\d+) Pre-LN seeds with a recorded run\)", readme)
+    assert seeds, "the README no longer counts the Pre-LN seeds with a recorded run"
+    assert f"exploded on 2 of the {seeds.group(1)} seeds with a recorded run" in held_out
