@@ -233,13 +233,20 @@ def markdown(sets: list[dict[str, Any]], pooled: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def tables(sets: list[tuple[Path, Path | None]], failure: str) -> str:
-    """The Markdown the script prints for these comparisons, each with its head-to-head runs or None
-    (the README's table)."""
+def set_rows(sets: list[tuple[Path, Path | None]], failure: str) -> list[dict[str, Any]]:
+    """Each comparison's row for ``failure`` (with its head-to-head runs where given), in seed order;
+    comparisons that did not run it left out."""
     found = (set_row(json.loads(m.read_text()), failure, json.loads(h.read_text()) if h else None) for m, h in sets)
     rows = sorted((s for s in found if s is not None), key=lambda s: s["first_seed"])
     if not rows:
         raise ValueError(f"no comparison has an rksp row for {failure}")
+    return rows
+
+
+def tables(sets: list[tuple[Path, Path | None]], failure: str) -> str:
+    """The Markdown the script prints for these comparisons, each with its head-to-head runs or None
+    (the README's table)."""
+    rows = set_rows(sets, failure)
     newest = [s for s in rows if s["first_seed"] >= SUBLAYER_FROM]
     pooled = [pool(rows, "all sets"), *([pool(newest, f"{SUBLAYER_FROM} on, with sublayer_ratio")] if newest else [])]
     return markdown(rows, pooled)
