@@ -400,3 +400,16 @@ def test_cpu_overhead_range_is_the_results_files():
     span = f"{min(pcts):.2f}-{max(pcts):.2f}% of a training step"
     assert f"met at widths 64 and 128 on the CPU** ({span}" in _prose()
     assert f"met at widths 64 and 128 on the CPU, {span}" in _prose(HELD_OUT)
+
+
+def test_readme_deep_false_alarm_counts_are_the_pooled_rows(monkeypatch):
+    """The zero-false-alarm bar's deep counts (rksp's alarms over every deep control, and how many
+    sets had none) are prose kept by hand as sets are added; they are the pooled rows' sums."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    pooled = importlib.import_module("benchmarks.pooled_bars")
+    rows = pooled.set_rows(pooled.default_sets(), "post_ln_without_warmup")
+    alarms, controls = sum(row["false_alarms"] for row in rows), sum(row["controls"] for row in rows)
+    quiet = sum(not row["false_alarms"] for row in rows)
+    prose = _prose()
+    assert f"not on every deep set** ({alarms} of {controls} deep controls," in prose
+    assert f"though {quiet} of the {len(rows)} deep sets had none" in prose
