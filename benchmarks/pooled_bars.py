@@ -132,6 +132,7 @@ SETS = [
     ("monitors-matched-406-407.json", None),  # two seeds, on the same Xeon
     ("monitors-matched-408-409.json", None),  # two seeds, on the same Xeon
     ("monitors-matched-410-411.json", None),  # two seeds, on the same Xeon
+    ("monitors-matched-412-413.json", None),  # two seeds, on the same Xeon
 ]
 SUBLAYER_FROM = 60  # the first seed watched by all of today's monitors (sublayer_ratio, the newest)
 DETECTOR_NAMES = {cls.name for cls in DETECTORS}
