@@ -413,3 +413,39 @@ def test_readme_deep_false_alarm_counts_are_the_pooled_rows(monkeypatch):
     prose = _prose()
     assert f"not on every deep set** ({alarms} of {controls} deep controls," in prose
     assert f"though {quiet} of the {len(rows)} deep sets had none" in prose
+
+
+def test_readme_width_64_close_races_are_the_program_s(monkeypatch):
+    """How many width-64 races rksp lost by under a check interval is prose kept by hand as sets are
+    added; it is the "by under" column of ``pooled_bars.py --races --failure F``'s total."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    pooled = importlib.import_module("benchmarks.pooled_bars")
+    totals = [
+        pooled.races(pooled.default_sets(), failure).splitlines()[-1].split("|")
+        for failure in ("attention_logit_growth", "low_precision_attention")
+    ]
+    (growth, growth_close), (low, low_close) = ((int(t[2]), int(t[4])) for t in totals)
+    assert growth >= 200 and low >= 328  # every committed set was read
+    assert f"loses {growth_close} of {growth} and {low_close} of {low} races by under an interval" in _prose()
+
+
+def test_readme_and_heldout_rollback_saves_are_the_results_files(monkeypatch):
+    """Rollback's held-out count on deep Post-LN is summed by hand set after set, in the README and
+    at the end of each set's section of the held-out record; it is the sum over the committed
+    ``monitors-postln-actions-S-E.json`` (the EPYC reruns of 296-299, ``monitors-rerun-*``, are
+    not counted)."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    pooled = importlib.import_module("benchmarks.pooled_bars")
+    rows = [
+        row
+        for path in RESULTS.glob("monitors-postln-actions-*-*.json")
+        for row in json.loads(path.read_text())["actions"]
+        if row["failure"] == "post_ln_without_warmup" and row["policy"] == "rollback"
+    ]
+    saved, failed = sum(row["saved"] for row in rows), sum(row["failed_unguarded"] for row in rows)
+    assert len(rows) >= 88  # every committed file was read
+    low, high = pooled.wilson(saved, failed)
+    share = f"{round(100 * saved / failed)}%, {round(100 * low)}-{round(100 * high)}%"
+    assert f"{saved} of {failed} held-out deep Post-LN failures ({share};" in _prose()
+    counts = re.findall(r"rollback has now saved (\d+) of (\d+) failing runs", _prose(HELD_OUT))
+    assert counts and counts[-1] == (str(saved), str(failed)), f"the last set's section says {counts[-1:]}"
