@@ -250,6 +250,15 @@ def test_every_table_ends_before_its_prose(doc):
     assert not glued, f"{doc.name}: text right under a table at line(s) {glued[:5]}"
 
 
+@pytest.mark.parametrize("doc", [README, HELD_OUT], ids=lambda p: p.name)
+def test_no_bullet_is_run_into_the_prose_before_it(doc):
+    """A bullet's "- **" pulled up into the line above, as a careless rewrap of a hand-edited
+    paragraph does, renders as prose and silently merges two bars; one such merge hid the held-out
+    record's actions bar inside its overhead bar for a set."""
+    merged = [n + 1 for n, line in enumerate(doc.read_text().splitlines()) if re.search(r"\S - \*\*", line)]
+    assert not merged, f"{doc.name}: a bullet run into the line before it at line(s) {merged[:5]}"
+
+
 def _prose(doc: Path = README) -> str:
     """``doc`` with its line breaks and indents folded to single spaces, so a sentence is found
     however it is wrapped."""
