@@ -458,3 +458,14 @@ def test_readme_and_heldout_rollback_saves_are_the_results_files(monkeypatch):
     assert f"{saved} of {failed} held-out deep Post-LN failures ({share};" in _prose()
     counts = re.findall(r"rollback has now saved (\d+) of (\d+) failing runs", _prose(HELD_OUT))
     assert counts and counts[-1] == (str(saved), str(failed)), f"the last set's section says {counts[-1:]}"
+
+
+def test_log_names_every_pooled_set(monkeypatch):
+    """``benchmarks/monitors-log.md`` is the running record of how each held-out set was run; it is
+    appended to by hand, and one careless append once truncated it to its last bullets. Every set
+    ``pooled_bars.SETS`` pools must still be named in it."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    pooled = importlib.import_module("benchmarks.pooled_bars")
+    log = (ROOT / "benchmarks" / "monitors-log.md").read_text()
+    seeds = [m.stem.removeprefix("monitors-matched-") for m, _ in pooled.default_sets()]
+    assert [s for s in seeds if s not in log] == [], "monitors-log.md lacks these sets"
