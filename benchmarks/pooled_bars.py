@@ -17,8 +17,10 @@ run the failure asked for (48-53 and 54-59 reran only deep Post-LN) is left out 
 With ``--races``, where rksp was not first: by how many steps a tuned detector beat it, over the
 sets with a run-by-run record (84-89 on). A margin under one check interval (``DEFAULT_EVERY``) is
 a race a monitor checking every step might have won; a larger one is not about the interval.
-Run: python benchmarks/pooled_bars.py [--failure NAME] [--races] [--with RESULTS] [RESULTS ...]
-(prints Markdown).
+With ``--totals``, the pooled rows alone (the README's tables; ``benchmarks/monitors-heldout.md``
+keeps them set by set, so that the README does not grow by a row a table with every set).
+Run: python benchmarks/pooled_bars.py [--failure NAME] [--races] [--totals] [--with RESULTS]
+[RESULTS ...] (prints Markdown).
 """
 
 from __future__ import annotations
@@ -218,12 +220,13 @@ def _share(hits: int, n: int) -> str:
     return f"{hits}/{n} ({low:.0%}-{high:.0%})"
 
 
-def markdown(sets: list[dict[str, Any]], pooled: list[dict[str, Any]]) -> str:
+def markdown(sets: list[dict[str, Any]], pooled: list[dict[str, Any]], per_set: bool = True) -> str:
+    """The table: a row per set (unless ``per_set`` is false), then the pooled rows."""
     lines = [
         "| held-out seeds | failures | lead bar met | before every tuned detector | false alarms, controls |",
         "|---|---|---|---|---|",
     ]
-    for s in sets:
+    for s in sets if per_set else []:
         lead = "-" if s["lead_bar_met"] is None else f"{s['lead_bar_met']}/{s['failed']}"
         lines.append(
             f"| {s['seeds']} | {s['failed']} | {lead} | {s['earliest']}/{s['failed']} "
@@ -248,13 +251,13 @@ def set_rows(sets: list[tuple[Path, Path | None]], failure: str) -> list[dict[st
     return rows
 
 
-def tables(sets: list[tuple[Path, Path | None]], failure: str) -> str:
+def tables(sets: list[tuple[Path, Path | None]], failure: str, per_set: bool = True) -> str:
     """The Markdown the script prints for these comparisons, each with its head-to-head runs or None
-    (the README's table)."""
+    (the held-out record's table; without ``per_set``, the README's)."""
     rows = set_rows(sets, failure)
     newest = [s for s in rows if s["first_seed"] >= SUBLAYER_FROM]
     pooled = [pool(rows, "all sets"), *([pool(newest, f"{SUBLAYER_FROM} on, with sublayer_ratio")] if newest else [])]
-    return markdown(rows, pooled)
+    return markdown(rows, pooled, per_set)
 
 
 RACES = ("rksp first", f"a detector first by < {DEFAULT_EVERY} steps", f"by {DEFAULT_EVERY} or more", "no rksp alarm")
@@ -280,8 +283,9 @@ def race(run: dict[str, Any]) -> str:
     return RACES[1] if run["rksp"] - first < DEFAULT_EVERY else RACES[2]
 
 
-def races(sets: list[tuple[Path, Path | None]], failure: str) -> str:
-    """Per set with a run-by-run record, its failures of ``failure`` by ``RACES``, and their sums."""
+def races(sets: list[tuple[Path, Path | None]], failure: str, per_set: bool = True) -> str:
+    """Per set with a run-by-run record (unless ``per_set`` is false), its failures of ``failure`` by
+    ``RACES``, and their sums."""
     rows = []
     for path, _ in sets:
         results = json.loads(path.read_text())
@@ -295,7 +299,7 @@ def races(sets: list[tuple[Path, Path | None]], failure: str) -> str:
     rows.sort()
     total = [sum(counts[i] for *_, counts in rows) for i in range(len(RACES))]
     lines = ["| held-out seeds | failures | " + " | ".join(RACES) + " |", "|---|---|" + "---|" * len(RACES)]
-    for _, seeds, counts in rows:
+    for _, seeds, counts in rows if per_set else []:
         lines.append(f"| {seeds} | {sum(counts)} | " + " | ".join(map(str, counts)) + " |")
     lines.append(f"| **all** | {sum(total)} | " + " | ".join(map(str, total)) + " |")
     return "\n".join(lines)
@@ -311,13 +315,14 @@ def main() -> None:
     parser.add_argument("--with", dest="extra", type=Path, action="append", default=[], help="a set added to SETS")
     parser.add_argument("--failure", default="post_ln_without_warmup", help="which failure's rows to pool")
     parser.add_argument("--races", action="store_true", help="where rksp was not first, by how much")
+    parser.add_argument("--totals", action="store_true", help="the pooled rows only, not a row per set")
     args = parser.parse_args()
     sets = [(p, None) for p in args.results] or default_sets()
     for extra in args.extra:
         if extra.resolve() not in {m.resolve() for m, _ in sets}:  # a set named twice counts once
             sets.append((extra, None))
     try:
-        print((races if args.races else tables)(sets, args.failure))
+        print((races if args.races else tables)(sets, args.failure, per_set=not args.totals))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         parser.error(f"not a set of matched_detectors.py results: {exc}")
 

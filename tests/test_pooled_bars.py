@@ -121,3 +121,16 @@ def test_races_sum_each_set_with_a_run_by_run_record(pooled, tmp_path):
     assert table.splitlines()[2:] == ["| 84-89 | 2 | 1 | 0 | 1 | 0 |", "| **all** | 2 | 1 | 0 | 1 | 0 |"]
     with pytest.raises(ValueError, match="no comparison has a run-by-run record of h"):
         pooled.races([(tmp_path / "f.json", None)], "h")
+
+
+def test_totals_leave_out_the_rows_per_set_and_keep_the_sums(pooled, tmp_path):
+    """``--totals`` (the README's tables) prints the header and the pooled rows of the full table
+    (the held-out record's), unchanged: a row per set dropped, no count."""
+    runs = [a_race(1000, {"a": 2000}, first=True), a_race(1050, {"a": 1000})]
+    (tmp_path / "f.json").write_text(json.dumps(comparison(2, "0 of 42", met=1) | {"failing_runs": runs}))
+    sets = [(tmp_path / "f.json", None)]
+    for print_table in (pooled.tables, pooled.races):
+        full, totals = print_table(sets, "f").splitlines(), print_table(sets, "f", per_set=False).splitlines()
+        assert any(line.startswith("| 66-71 |") for line in full)
+        assert totals == full[:2] + [line for line in full if line.startswith("| **")]
+        assert len(totals) < len(full)

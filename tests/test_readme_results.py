@@ -110,11 +110,14 @@ def test_readme_candidate_table_is_the_replay_s_output(monkeypatch, results, kno
 @pytest.mark.parametrize("failure", sorted(FAILURES))
 def test_readme_pooled_bars_are_the_program_s_sums(monkeypatch, failure):
     """The pooled lead and earliness counts over the held-out sets, summed by ``pooled_bars.py`` from
-    the committed comparisons, not by hand."""
+    the committed comparisons, not by hand: their totals in the README, set by set in the record."""
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     pooled = importlib.import_module("benchmarks.pooled_bars")
     table = pooled.tables(pooled.default_sets(), failure)
-    assert table in README.read_text(), "README lacks pooled_bars.py's table as it prints it"
+    assert table in HELD_OUT.read_text(), "the held-out record lacks pooled_bars.py's table as it prints it"
+    totals = pooled.tables(pooled.default_sets(), failure, per_set=False)
+    assert totals in README.read_text(), "README lacks pooled_bars.py --totals as it prints it"
+    assert table.endswith(totals.split("\n", 2)[2])  # the same pooled rows under the rows per set
 
 
 @functools.cache
@@ -140,7 +143,8 @@ def test_readme_race_table_is_the_program_s_and_agrees_with_the_pooled_earliness
     pooled = importlib.import_module("benchmarks.pooled_bars")
     sets, failure = pooled.default_sets(), "post_ln_without_warmup"
     table = pooled.races(sets, failure)
-    assert table in README.read_text(), "README lacks pooled_bars.py --races as it prints it"
+    assert table in HELD_OUT.read_text(), "the held-out record lacks pooled_bars.py --races as it prints it"
+    assert pooled.races(sets, failure, per_set=False) in README.read_text(), "README lacks --races --totals"
     with_runs = [pooled.set_row(r, failure) for r in _comparisons(pooled) if r.get("failing_runs")]
     summed = pooled.pool(with_runs, "with runs")
     races, first = summed["failed"], summed["earliest"]
