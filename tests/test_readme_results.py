@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from rksp_cli.monitors.failures import FAILURES
+from rksp_cli.monitors.spike_detectors import FoundryKillLossSpike, MegatronSpikyLoss, OlmoSkipStep
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -426,6 +427,9 @@ def test_readme_deep_false_alarm_counts_are_the_pooled_rows(monkeypatch):
     prose = _prose()
     assert f"not on every deep set** ({alarms} of {controls} deep controls," in prose
     assert f"though {quiet} of the {len(rows)} deep sets had none" in prose
+    alarmed = [row["seeds"] for row in rows if row["false_alarms"]]
+    assert f"(the other {len(alarmed)}: {', '.join(alarmed[:-1])} and {alarmed[-1]}, one or two each)" in prose
+    assert max(row["false_alarms"] for row in rows) <= 2
 
 
 def test_readme_width_64_close_races_are_the_program_s(monkeypatch):
@@ -473,3 +477,49 @@ def test_log_names_every_pooled_set(monkeypatch):
     log = (ROOT / "benchmarks" / "monitors-log.md").read_text()
     seeds = [m.stem.removeprefix("monitors-matched-") for m, _ in pooled.default_sets()]
     assert [s for s in seeds if s not in log] == [], "monitors-log.md lacks these sets"
+
+
+def test_readme_quiet_controls_under_the_floor_are_the_pooled_sets(monkeypatch):
+    """The README says no control, deep or width 64, alarmed on the sets watched under the
+    sub-layer floor (shipped from seed 290); it once said so set by set, a sentence a set, and now
+    counts them, read here from the pooled rows of every failure."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    pooled = importlib.import_module("benchmarks.pooled_bars")
+    since = {
+        failure: [row for row in pooled.set_rows(pooled.default_sets(), failure) if row["first_seed"] >= 290]
+        for failure in FAILURES
+    }
+    deep = since["post_ln_without_warmup"]
+    assert [row["seeds"] for rows in since.values() for row in rows if row["false_alarms"]] == []
+    assert (
+        f"On the {len(deep)} sets from {deep[0]['seeds']} to {deep[-1]['seeds']}, the first watched under it, no "
+        "control alarmed"
+    ) in _prose()
+
+
+def test_readme_width_64_lost_races_are_the_records(monkeypatch):
+    """Who beat rksp on width 64, summed from the run-by-run records (the README listed each race
+    seed by seed, a clause a race; the held-out record still does)."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    pooled = importlib.import_module("benchmarks.pooled_bars")
+    rules: dict[str, list[list[int]]] = {d.name: [] for d in (MegatronSpikyLoss, OlmoSkipStep, FoundryKillLossSpike)}
+    counts = {}
+    for failure in ("attention_logit_growth", "low_precision_attention"):
+        runs = _failed_runs(pooled, failure)
+        lost = [run for run in runs if pooled.race(run) != pooled.RACES[0]]
+        winners = [pooled.earliest_detectors(run) for run in lost if pooled.race(run) != pooled.RACES[3]]
+        assert all(len(names) == 1 for _, names in winners)  # no tie to share out
+        assert {name for _, names in winners for name in names} <= set(rules)
+        for name, steps in rules.items():
+            steps.append([first for first, names in winners if name in names])
+        counts[failure] = (len(runs), len(lost), len(lost) - len(winners))
+    (growth, growth_lost, growth_silent), (low, low_lost, low_silent) = counts.values()
+    megatron, olmo, foundry = ((len(g), len(lp)) for g, lp in rules.values())
+    early = sum(step <= 40 for step in rules[MegatronSpikyLoss.name][0])
+    assert (
+        f"on width 64 rksp lost {growth_lost} of the {growth} attention-logit races with a run-by-run record and "
+        f"{low_lost} of the {low} low-precision ones: tuned Megatron-LM's rule (1.02x the largest loss seen) took "
+        f"{megatron[0]} and {megatron[1]} of them, tuned OLMo-core's {olmo[0]} and {olmo[1]}, tuned llm-foundry's "
+        f"{foundry[0]} and {foundry[1]}, and {growth_silent} and {low_silent} had no rksp alarm before the failure"
+    ) in _prose()
+    assert f"({early} of its {megatron[0]} attention-logit wins came in the first 40 steps)" in _prose()
