@@ -133,6 +133,7 @@ bench-monitors-heldout: install runs-unpack
 	$(BIN)/python benchmarks/run_story.py --seeds $(HELD_OUT_SEEDS)
 	$(BIN)/python benchmarks/pooled_bars.py --with benchmarks/results/monitors-matched-$(HELD_OUT_SEEDS).json
 	$(BIN)/python benchmarks/pooled_bars.py --races --with benchmarks/results/monitors-matched-$(HELD_OUT_SEEDS).json
+	$(BIN)/python benchmarks/pooled_bars.py --watchers --with benchmarks/results/monitors-matched-$(HELD_OUT_SEEDS).json
 	$(BIN)/python benchmarks/runs_archive.py pack --seeds $(HELD_OUT_SEEDS)
 
 # The saved runs (git-ignored JSON, about 1 MB a deep run) of seeds SEEDS=A-B, guarded twins

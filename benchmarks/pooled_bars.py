@@ -17,10 +17,14 @@ run the failure asked for (48-53 and 54-59 reran only deep Post-LN) is left out 
 With ``--races``, where rksp was not first: by how many steps a tuned detector beat it, over the
 sets with a run-by-run record (84-89 on). A margin under one check interval (``DEFAULT_EVERY``) is
 a race a monitor checking every step might have won; a larger one is not about the interval.
+With ``--watchers``, every watcher side by side, each tuned spike detector at the setting tuned on
+seeds 0-5 and rksp as shipped: the failures each alarmed before, the lead bar (over the sets that
+counted it for every watcher, 78-83 on) and its false alarms on the held-out controls. Earliness
+alone flatters a rule that fires often; this is the other half of its operating point.
 With ``--totals``, the pooled rows alone (the README's tables; ``benchmarks/monitors-heldout.md``
 keeps them set by set, so that the README does not grow by a row a table with every set).
-Run: python benchmarks/pooled_bars.py [--failure NAME] [--races] [--totals] [--with RESULTS]
-[RESULTS ...] (prints Markdown).
+Run: python benchmarks/pooled_bars.py [--failure NAME] [--races | --watchers] [--totals] [--with
+RESULTS] [RESULTS ...] (prints Markdown).
 """
 
 from __future__ import annotations
@@ -306,6 +310,47 @@ def races(sets: list[tuple[Path, Path | None]], failure: str, per_set: bool = Tr
     return "\n".join(lines)
 
 
+WATCHERS = (*(cls.name for cls in DETECTORS), RKSP)  # the table's rows, rksp as shipped last
+
+
+def watcher_sums(sets: list[tuple[Path, Path | None]]) -> dict[tuple[str, str], Counter[str]]:
+    """Per failure and watcher (``WATCHERS``), summed over the comparisons: ``failed``, ``alarmed``
+    (before the failure), ``met`` of ``counted`` (the lead bar, where the comparison counted it),
+    and ``false`` of ``controls`` (false alarms on the held-out controls). A comparison records one
+    row per failure and watcher, so a set that did not run a failure adds nothing to it."""
+    sums: dict[tuple[str, str], Counter[str]] = {}
+    for path, _ in sets:
+        for row in json.loads(path.read_text())["rows"]:
+            if row["watcher"] not in WATCHERS:
+                continue  # rksp with a monitor left out: the per-set tables have it
+            total = sums.setdefault((row["failure"], row["watcher"]), Counter())
+            total.update(
+                failed=row["failed"], alarmed=row["alarmed"], false=row["false_alarms"], controls=row["controls"]
+            )
+            if row.get("lead_bar_met") is not None:
+                total.update(met=row["lead_bar_met"], counted=row["failed"])
+    if not sums:
+        raise ValueError("no comparison has a row for any of the watchers")
+    return sums
+
+
+def watchers(sets: list[tuple[Path, Path | None]]) -> str:
+    """``watcher_sums`` as a table, a row per failure and watcher, rksp last in each failure."""
+    sums = watcher_sums(sets)
+    lines = [
+        "| failure | watcher | failures alarmed before | lead bar met, 78-83 on | false alarms, held-out controls |",
+        "|---|---|---|---|---|",
+    ]
+    for failure in dict.fromkeys(f for f, _ in sorted(sums)):
+        for watcher in WATCHERS:
+            if (t := sums.get((failure, watcher))) is not None:
+                lines.append(
+                    f"| {failure} | {watcher} | {_share(t['alarmed'], t['failed'])} "
+                    f"| {_share(t['met'], t['counted'])} | {_share(t['false'], t['controls'])} |"
+                )
+    return "\n".join(lines)
+
+
 def default_sets() -> list[tuple[Path, Path | None]]:
     return [(RESULTS / m, RESULTS / h if h else None) for m, h in SETS]
 
@@ -315,7 +360,9 @@ def main() -> None:
     parser.add_argument("results", nargs="*", type=Path, help="matched_detectors.py results (default: SETS)")
     parser.add_argument("--with", dest="extra", type=Path, action="append", default=[], help="a set added to SETS")
     parser.add_argument("--failure", default="post_ln_without_warmup", help="which failure's rows to pool")
-    parser.add_argument("--races", action="store_true", help="where rksp was not first, by how much")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--races", action="store_true", help="where rksp was not first, by how much")
+    which.add_argument("--watchers", action="store_true", help="every watcher's alarms and false alarms, pooled")
     parser.add_argument("--totals", action="store_true", help="the pooled rows only, not a row per set")
     args = parser.parse_args()
     sets = [(p, None) for p in args.results] or default_sets()
@@ -323,7 +370,10 @@ def main() -> None:
         if extra.resolve() not in {m.resolve() for m, _ in sets}:  # a set named twice counts once
             sets.append((extra, None))
     try:
-        print((races if args.races else tables)(sets, args.failure, per_set=not args.totals))
+        if args.watchers:
+            print(watchers(sets))
+        else:
+            print((races if args.races else tables)(sets, args.failure, per_set=not args.totals))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         parser.error(f"not a set of matched_detectors.py results: {exc}")
 

@@ -134,3 +134,26 @@ def test_totals_leave_out_the_rows_per_set_and_keep_the_sums(pooled, tmp_path):
         assert any(line.startswith("| 66-71 |") for line in full)
         assert totals == full[:2] + [line for line in full if line.startswith("| **")]
         assert len(totals) < len(full)
+
+
+def test_watchers_sum_each_watcher_and_count_the_lead_bar_only_where_a_set_did(pooled, tmp_path):
+    """Every tuned detector and rksp as shipped, summed set by set; rksp with a monitor left out is
+    not a row, and a set that did not count the lead bar adds to the alarms but not to that count."""
+
+    def row(watcher: str, alarmed: int, false_alarms: int, met: int | None) -> dict:
+        return {"failure": "f", "watcher": watcher, "failed": 3, "alarmed": alarmed, "controls": 6,
+                "false_alarms": false_alarms} | ({} if met is None else {"lead_bar_met": met})  # fmt: skip
+
+    olmo = "OLMo-core SkipStepOptimizer"
+    old = [row(olmo, 3, 2, None), row(RKSP, 2, 0, None), row("rksp without the R-Metric", 1, 5, None)]
+    new = [row(olmo, 1, 1, 1), row(RKSP, 3, 0, 2)]
+    for name, rows in (("old", old), ("new", new)):
+        (tmp_path / f"{name}.json").write_text(json.dumps({"rows": rows}))
+    sets = [(tmp_path / "old.json", None), (tmp_path / "new.json", None)]
+    sums = pooled.watcher_sums(sets)
+    assert set(sums) == {("f", olmo), ("f", RKSP)}
+    assert dict(sums["f", olmo]) == {"failed": 6, "alarmed": 4, "false": 3, "controls": 12, "met": 1, "counted": 3}
+    assert (sums["f", RKSP]["alarmed"], sums["f", RKSP]["met"], sums["f", RKSP]["counted"]) == (5, 2, 3)
+    table = pooled.watchers(sets).splitlines()
+    assert [line.split(" | ")[1] for line in table[2:]] == [olmo, RKSP]  # rksp last
+    assert table[2].startswith(f"| f | {olmo} | 4/6 (") and "| 3/12 (" in table[2]

@@ -528,3 +528,30 @@ def test_readme_width_64_lost_races_are_the_records(monkeypatch):
         f"{foundry[0]} and {foundry[1]}, and {growth_silent} and {low_silent} had no rksp alarm before the failure"
     ) in _prose()
     assert f"({early} of its {megatron[0]} attention-logit wins came in the first 40 steps)" in _prose()
+
+
+def test_readme_watchers_table_and_its_reading_are_the_program_s(monkeypatch):
+    """Each watcher's alarms and false alarms over the held-out sets: the table is
+    ``pooled_bars.py --watchers``'s, and the counts its paragraph quotes are read from the same sums."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    pooled = importlib.import_module("benchmarks.pooled_bars")
+    assert pooled.watchers(pooled.default_sets()) in README.read_text(), "README lacks pooled_bars.py --watchers"
+    sums = pooled.watcher_sums(pooled.default_sets())
+    deep, growth = "post_ln_without_warmup", "attention_logit_growth"
+    olmo, foundry, megatron, rksp = OlmoSkipStep.name, FoundryKillLossSpike.name, MegatronSpikyLoss.name, pooled.RKSP
+    assert sums[growth, olmo]["false"] == sums["low_precision_attention", olmo]["false"]  # one control run
+    since_186 = sum(row["controls"] for row in pooled.set_rows(pooled.default_sets(), deep) if row["first_seed"] >= 186)
+    prose = _prose()
+    assert (
+        f"fired on {sums[deep, olmo]['false']} of {sums[deep, olmo]['controls']} deep controls and "
+        f"{sums[growth, olmo]['false']} of {sums[growth, olmo]['controls']} width-64 ones; tuned llm-foundry's, on "
+        f"{sums[growth, foundry]['false']} width-64 controls; tuned Megatron-LM's, on {sums[deep, megatron]['false']} "
+        f"of each; rksp, on {sums[deep, rksp]['false']} deep controls (none of the {since_186} since seed 186) and "
+        f"{sums[growth, rksp]['false']} width-64 one."
+    ) in prose
+    assert sums[deep, megatron]["false"] == sums[growth, megatron]["false"]  # "13 of each"
+    assert (
+        f"llm-foundry's alarmed before {sums[deep, foundry]['alarmed']} of {sums[deep, foundry]['failed']} and met the "
+        f"lead bar on {sums[deep, foundry]['met']} of {sums[deep, foundry]['counted']}, OLMo-core's on "
+        f"{sums[deep, olmo]['met']} against rksp's {sums[deep, rksp]['met']}."
+    ) in prose

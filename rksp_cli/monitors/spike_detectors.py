@@ -80,8 +80,11 @@ class OlmoSkipStep:
 
 
 def _z(values: deque[float]) -> float:
-    """|latest - mean| / sample standard deviation of the values before it, with torch's x/0."""
+    """|latest - mean| / sample standard deviation of the values before it, with torch's x/0 and
+    its NaN mean and standard deviation of a window holding a non-finite value."""
     *history, latest = values
+    if not all(math.isfinite(v) for v in history):
+        return math.nan  # torch: every z-score is NaN until the value leaves the window
     diff, std = abs(latest - statistics.fmean(history)), statistics.stdev(history)
     if std > 0:
         return diff / std
