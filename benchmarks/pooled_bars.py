@@ -338,7 +338,8 @@ def watchers(sets: list[tuple[Path, Path | None]]) -> str:
     """``watcher_sums`` as a table, a row per failure and watcher, rksp last in each failure."""
     sums = watcher_sums(sets)
     lines = [
-        "| failure | watcher | failures alarmed before | lead bar met, 78-83 on | false alarms, held-out controls |",
+        "| failure | watcher | failures alarmed before | lead bar met, sets counting it "
+        "| false alarms, held-out controls |",
         "|---|---|---|---|---|",
     ]
     for failure in dict.fromkeys(f for f, _ in sorted(sums)):
@@ -365,6 +366,8 @@ def main() -> None:
     which.add_argument("--watchers", action="store_true", help="every watcher's alarms and false alarms, pooled")
     parser.add_argument("--totals", action="store_true", help="the pooled rows only, not a row per set")
     args = parser.parse_args()
+    if args.watchers and (args.totals or args.failure != parser.get_default("failure")):
+        parser.error("--watchers tables every failure, pooled: --failure and --totals do not apply")
     sets = [(p, None) for p in args.results] or default_sets()
     for extra in args.extra:
         if extra.resolve() not in {m.resolve() for m, _ in sets}:  # a set named twice counts once

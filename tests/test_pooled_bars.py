@@ -157,3 +157,14 @@ def test_watchers_sum_each_watcher_and_count_the_lead_bar_only_where_a_set_did(p
     table = pooled.watchers(sets).splitlines()
     assert [line.split(" | ")[1] for line in table[2:]] == [olmo, RKSP]  # rksp last
     assert table[2].startswith(f"| f | {olmo} | 4/6 (") and "| 3/12 (" in table[2]
+
+
+def test_watchers_refuse_the_options_that_do_not_apply(benchmark_script, monkeypatch, capsys):
+    """``--watchers`` tables every failure, pooled; a ``--failure`` or ``--totals`` beside it would be
+    silently ignored, so it is refused with one line and exit code 2."""
+    pooled = benchmark_script("pooled_bars")
+    for extra in (["--totals"], ["--failure", "attention_logit_growth"]):
+        monkeypatch.setattr("sys.argv", ["pooled_bars.py", "--watchers", *extra])
+        with pytest.raises(SystemExit) as exit_:
+            pooled.main()
+        assert exit_.value.code == 2 and "do not apply" in capsys.readouterr().err
