@@ -65,7 +65,7 @@ def timed(route: str, weights: list[tuple[torch.Tensor, ...]], n_heads: int, dev
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cpu", help="where the weights live: cpu or cuda[:N]")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     args = parser.parse_args()

@@ -492,7 +492,7 @@ def _only(names: str, parser: argparse.ArgumentParser) -> list[str] | None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("part", choices=["regime", "arms", "overhead", "learning", "maxlr", "mechanism"])
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--lrs", default="0.0035,0.004,0.0045", help="arms: lrs (comma-separated)")

@@ -134,7 +134,7 @@ def markdown(results: dict) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("part", nargs="?", choices=["transfer", "published", "all"], default="all")
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args()

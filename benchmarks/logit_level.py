@@ -55,7 +55,7 @@ def rows(runs: list[WatchedRun], levels: list[float]) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--levels", default="60,75,100", help="levels of the largest logit, comma-separated")
     parser.add_argument("--seeds", type=seed_range, default="0-99999", help="width-128 seeds (a range a-b)")
     args = parser.parse_args()

@@ -474,7 +474,7 @@ def saved_runs_parser(doc: str) -> argparse.ArgumentParser:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--held-out", type=seed_range, default="42-47", help="seeds judged (a range a-b)")
     tuned = parser.add_mutually_exclusive_group()
     tuned.add_argument("--tuning", type=seed_range, help=f"seeds whose controls tune the detectors (default {TUNING})")

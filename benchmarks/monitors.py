@@ -281,7 +281,7 @@ def guarded_runs_markdown(rows: list[dict[str, Any]]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--failures", default=",".join(FAILURES), help="comma-separated names")
     parser.add_argument("--seeds", type=int, default=6, help="failing runs and controls per failure")
     parser.add_argument(

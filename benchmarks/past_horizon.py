@@ -122,7 +122,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=seed_range, required=True, help="the failing runs' seeds (a range a-b)")
     parser.add_argument("--failure", default="post_ln_without_warmup", choices=sorted(FAILURES))
     parser.add_argument("--steps", type=int, default=10_000, help="train each to this many steps")

@@ -358,7 +358,7 @@ def default_sets() -> list[tuple[Path, Path | None]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("results", nargs="*", type=Path, help="matched_detectors.py results (default: SETS)")
     parser.add_argument("--with", dest="extra", type=Path, action="append", default=[], help="a set added to SETS")
     parser.add_argument("--failure", default="post_ln_without_warmup", help="which failure's rows to pool")

@@ -55,7 +55,7 @@ def _listed(steps: list[int]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=Path, default=RUNS, help="where benchmarks/monitors.py saved the runs")
     args = parser.parse_args(argv)
     twins = sorted(args.runs.glob("*-rollback.json"))

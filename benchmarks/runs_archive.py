@@ -75,7 +75,7 @@ def unpack(archive: Path, runs: Path = RUNS) -> tuple[list[str], list[str]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("action", choices=("pack", "unpack"))
     parser.add_argument("--seeds", type=seed_range, help="pack: the seeds (a range a-b), one archive")
     parser.add_argument("--runs", type=Path, default=RUNS, help="folder of the saved runs")

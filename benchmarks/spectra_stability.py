@@ -70,7 +70,7 @@ def _spread(rows: list[dict[str, float]]) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
