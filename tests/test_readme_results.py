@@ -571,3 +571,42 @@ def test_readme_watchers_table_and_its_reading_are_the_program_s(monkeypatch):
         f"lead bar on {sums[deep, foundry]['met']} of {sums[deep, foundry]['counted']}, OLMo-core's on "
         f"{sums[deep, olmo]['met']} against rksp's {sums[deep, rksp]['met']}."
     ) in prose
+
+
+def test_pre_ln_control_count_is_the_results_files():
+    """How many seeds have a deep Pre-LN control on record, and which of those exploded, is prose
+    kept by hand in the README and the record, moved by two with every two-seed set; it is read here
+    from every results file's head-to-head runs."""
+    seeds: set[int] = set()
+    exploded: dict[int, int] = {}
+    for path in RESULTS.glob("*.json"):
+        results = json.loads(path.read_text())
+        runs = results.get("runs") if isinstance(results, dict) else None
+        for run in runs if isinstance(runs, list) else []:
+            if run.get("failure") == "post_ln_without_warmup" and run.get("kind") == "control":
+                seeds.add(run["seed"])
+                if run["exploded_step"] is not None:
+                    exploded[run["seed"]] = run["exploded_step"]
+    assert len(seeds) >= 398  # every committed file was read
+    at = ", ".join(f"{seed} at step {step}" for seed, step in sorted(exploded.items()))
+    assert f"(2 of the {len(seeds)} Pre-LN seeds with a recorded run)" in _prose() and len(exploded) == 2
+    assert f"exploded on {len(exploded)} of the {len(seeds)} seeds with a recorded run ({at})" in _prose(HELD_OUT)
+
+
+def test_readme_sublayer_margin_denominators_are_the_pooled_rows(monkeypatch):
+    """How near the controls of 222 on came to a sub-layer alarm is counted over every control of
+    those sets (the near ones from ``sublayer_margin.py``, by hand; 222-271's saved runs are lost):
+    the span and the two denominators, which move with every set, are the pooled rows'."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    pooled = importlib.import_module("benchmarks.pooled_bars")
+    controls = {
+        failure: [row for row in pooled.set_rows(pooled.default_sets(), failure) if row["first_seed"] >= 222]
+        for failure in ("post_ln_without_warmup", "attention_logit_growth")
+    }
+    deep, width_64 = (sum(row["controls"] for row in rows) for rows in controls.values())
+    last = controls["post_ln_without_warmup"][-1]["seeds"].split("-")[1]
+    assert f"Over the controls of 222-{last} (`benchmarks/sublayer_margin.py`;" in _prose()
+    assert (
+        f"of {width_64} width-64 controls came within 20% of every threshold, one past it, and 1 of {deep} deep"
+        in _prose()
+    )
