@@ -24,6 +24,13 @@ README = ROOT / "README.md"
 HELD_OUT = ROOT / "benchmarks" / "monitors-heldout.md"  # every held-out set, as judged
 
 
+@pytest.fixture
+def pooled(monkeypatch):
+    """``benchmarks/pooled_bars.py``, imported with its sibling scripts on the path, as when it runs."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    return importlib.import_module("benchmarks.pooled_bars")
+
+
 # Each table as (benchmark module, its printer, results file, key holding the rows), by document
 README_TABLES = [
     ("monitors", "markdown", "monitors.json", "head_to_head"),
@@ -109,11 +116,9 @@ def test_readme_candidate_table_is_the_replay_s_output(monkeypatch, results, kno
 
 
 @pytest.mark.parametrize("failure", sorted(FAILURES))
-def test_readme_pooled_bars_are_the_program_s_sums(monkeypatch, failure):
+def test_readme_pooled_bars_are_the_program_s_sums(pooled, failure):
     """The pooled lead and earliness counts over the held-out sets, summed by ``pooled_bars.py`` from
     the committed comparisons, not by hand: their totals in the README, set by set in the record."""
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    pooled = importlib.import_module("benchmarks.pooled_bars")
     table = pooled.tables(pooled.default_sets(), failure)
     assert table in HELD_OUT.read_text(), "the held-out record lacks pooled_bars.py's table as it prints it"
     totals = pooled.tables(pooled.default_sets(), failure, per_set=False)
@@ -137,11 +142,9 @@ def _failed_runs(pooled, failure: str) -> list[dict]:
     ]
 
 
-def test_readme_race_table_is_the_program_s_and_agrees_with_the_pooled_earliness(monkeypatch):
+def test_readme_race_table_is_the_program_s_and_agrees_with_the_pooled_earliness(pooled):
     """Where rksp was not first on deep Post-LN, by how much: the README's table is the program's,
     and its "rksp first" column is the earliness count of the same sets' pooled rows."""
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    pooled = importlib.import_module("benchmarks.pooled_bars")
     sets, failure = pooled.default_sets(), "post_ln_without_warmup"
     table = pooled.races(sets, failure)
     assert table in HELD_OUT.read_text(), "the held-out record lacks pooled_bars.py --races as it prints it"
@@ -161,11 +164,9 @@ def test_readme_race_table_is_the_program_s_and_agrees_with_the_pooled_earliness
     assert f"lift rksp's {first} of {races} to at most {first + close}. Of the other {far} races," in prose
 
 
-def test_readme_names_the_rules_that_won_the_races_by_an_interval_or_more(monkeypatch):
+def test_readme_names_the_rules_that_won_the_races_by_an_interval_or_more(pooled):
     """Which tuned rule beat rksp by a check interval or more on deep Post-LN, and by how much, is
     prose kept by hand as sets are added: it is read back here from the same run-by-run records."""
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    pooled = importlib.import_module("benchmarks.pooled_bars")
     olmo, foundry, tied = [], [], []
     for run in _failed_runs(pooled, "post_ln_without_warmup"):
         if pooled.race(run) != pooled.RACES[2]:
@@ -193,12 +194,10 @@ def _lead_misses(pooled, failure: str, since: int = 0) -> list[int]:
     return sorted(run["seed"] for run in runs if run["seed"] >= since and not run["lead_bar_met"])
 
 
-def test_readme_names_every_lead_miss_of_the_run_by_run_records(monkeypatch):
+def test_readme_names_every_lead_miss_of_the_run_by_run_records(pooled):
     """The README says what happened on each failure whose lead missed the bar; that list is prose
     kept by hand as sets are added, so a new miss left out of it, or its count left unmoved, is
     caught here from the same records the pooled counts come from."""
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    pooled = importlib.import_module("benchmarks.pooled_bars")
     deep = _lead_misses(pooled, "post_ln_without_warmup", since=90)
     low_precision = _lead_misses(pooled, "low_precision_attention")
     assert len(deep) >= 27 and len(low_precision) >= 8  # every committed set was read
@@ -213,13 +212,11 @@ def test_readme_names_every_lead_miss_of_the_run_by_run_records(monkeypatch):
     assert not _lead_misses(pooled, "attention_logit_growth")  # the README: the bar met on every one
 
 
-def test_readme_quiet_deep_controls_since_the_entropy_rule_are_the_pooled_sets(monkeypatch):
+def test_readme_quiet_deep_controls_since_the_entropy_rule_are_the_pooled_sets(pooled):
     """The README and the held-out record say no deep control has alarmed on any set since
     ``attention_entropy``'s lone-block rule shipped (seed 186). The README listed those sets by hand
     and stood three sets short; the record's count of controls grew by 4 a set, not 8, for ten sets.
     The span and the counts are read here from the pooled rows, which must all be quiet."""
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    pooled = importlib.import_module("benchmarks.pooled_bars")
     rows = [pooled.set_row(results, "post_ln_without_warmup") for results in _comparisons(pooled)]
     since = sorted((row for row in rows if row is not None and row["first_seed"] >= 186), key=lambda r: r["first_seed"])
     assert [row["seeds"] for row in since if row["false_alarms"]] == []
@@ -232,11 +229,9 @@ def test_readme_quiet_deep_controls_since_the_entropy_rule_are_the_pooled_sets(m
     assert f"none of the {controls} controls of 186-{last} alarmed" in _prose(HELD_OUT)
 
 
-def test_pooled_sets_name_every_held_out_comparison(monkeypatch):
+def test_pooled_sets_name_every_held_out_comparison(pooled):
     """``pooled_bars.SETS`` is kept by hand, with a note on each set's code: a held-out comparison
     committed without its row there would drop out of the pooled bars without any table failing."""
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    pooled = importlib.import_module("benchmarks.pooled_bars")
     listed = {m.name for m, _ in pooled.default_sets()}
     missing = [f for f in _sets("monitors-matched-*-*.json", since=48) if f not in listed]
     assert not missing, f"pooled_bars.SETS lacks {missing}"
@@ -354,14 +349,12 @@ def test_heldout_lists_the_past_horizon_files():
     assert sets == [Path(name).stem.removeprefix("monitors-past-horizon-") for name in files]
 
 
-def test_readme_and_heldout_lead_counts_are_the_results_files(monkeypatch):
+def test_readme_and_heldout_lead_counts_are_the_results_files(pooled):
     """The lead bar's headline counts, in the README and again in the held-out record's summary, kept
     by hand as sets are added (the record's stood six sets stale before this test): width 64's from
     the run-by-run records, deep Post-LN's from the pooled rows plus the sets before 66-71, which the
     prose counts itself (13 of their 21 failures; 5 of the 6 of 60-65 watched with the sub-layer
     monitor)."""
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    pooled = importlib.import_module("benchmarks.pooled_bars")
 
     def met(failure: str) -> tuple[int, int]:
         runs = _failed_runs(pooled, failure)
@@ -421,11 +414,9 @@ def test_cpu_overhead_range_is_the_results_files():
     assert f"met at widths 64 and 128 on the CPU, {span}" in _prose(HELD_OUT)
 
 
-def test_readme_deep_false_alarm_counts_are_the_pooled_rows(monkeypatch):
+def test_readme_deep_false_alarm_counts_are_the_pooled_rows(pooled):
     """The zero-false-alarm bar's deep counts (rksp's alarms over every deep control, and how many
     sets had none) are prose kept by hand as sets are added; they are the pooled rows' sums."""
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    pooled = importlib.import_module("benchmarks.pooled_bars")
     rows = pooled.set_rows(pooled.default_sets(), "post_ln_without_warmup")
     alarms, controls = sum(row["false_alarms"] for row in rows), sum(row["controls"] for row in rows)
     quiet = sum(not row["false_alarms"] for row in rows)
@@ -437,12 +428,10 @@ def test_readme_deep_false_alarm_counts_are_the_pooled_rows(monkeypatch):
     assert max(row["false_alarms"] for row in rows) <= 2
 
 
-def test_readme_width_64_false_alarm_count_is_the_pooled_rows(monkeypatch):
+def test_readme_width_64_false_alarm_count_is_the_pooled_rows(pooled):
     """The zero-false-alarm bar's width-64 count is prose kept by hand; it drifted four controls above
     the pooled rows between 272-273 and 418-419. Both width-64 failures share their control runs, so
     their rows must agree, and the README quotes them once."""
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    pooled = importlib.import_module("benchmarks.pooled_bars")
     counts = {
         failure: (sum(r["false_alarms"] for r in rows), sum(r["controls"] for r in rows))
         for failure in ("attention_logit_growth", "low_precision_attention")
@@ -453,11 +442,9 @@ def test_readme_width_64_false_alarm_count_is_the_pooled_rows(monkeypatch):
     assert f"not met since 272 at width 64 ({alarms} of {controls} controls of each failure" in _prose()
 
 
-def test_readme_width_64_close_races_are_the_program_s(monkeypatch):
+def test_readme_width_64_close_races_are_the_program_s(pooled):
     """How many width-64 races rksp lost by under a check interval is prose kept by hand as sets are
     added; it is the "by under" column of ``pooled_bars.py --races --failure F``'s total."""
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    pooled = importlib.import_module("benchmarks.pooled_bars")
     totals = [
         pooled.races(pooled.default_sets(), failure).splitlines()[-1].split("|")
         for failure in ("attention_logit_growth", "low_precision_attention")
@@ -467,13 +454,11 @@ def test_readme_width_64_close_races_are_the_program_s(monkeypatch):
     assert f"loses {growth_close} of {growth} and {low_close} of {low} races by under an interval" in _prose()
 
 
-def test_readme_and_heldout_rollback_saves_are_the_results_files(monkeypatch):
+def test_readme_and_heldout_rollback_saves_are_the_results_files(pooled):
     """Rollback's held-out count on deep Post-LN is summed by hand set after set, in the README and
     at the end of each set's section of the held-out record; it is the sum over the committed
     ``monitors-postln-actions-S-E.json`` (the EPYC reruns of 296-299, ``monitors-rerun-*``, are
     not counted)."""
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    pooled = importlib.import_module("benchmarks.pooled_bars")
     rows = [
         row
         for path in RESULTS.glob("monitors-postln-actions-*-*.json")
@@ -489,23 +474,19 @@ def test_readme_and_heldout_rollback_saves_are_the_results_files(monkeypatch):
     assert counts and counts[-1] == (str(saved), str(failed)), f"the last set's section says {counts[-1:]}"
 
 
-def test_log_names_every_pooled_set(monkeypatch):
+def test_log_names_every_pooled_set(pooled):
     """``benchmarks/monitors-log.md`` is the running record of how each held-out set was run; it is
     appended to by hand, and one careless append once truncated it to its last bullets. Every set
     ``pooled_bars.SETS`` pools must still be named in it."""
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    pooled = importlib.import_module("benchmarks.pooled_bars")
     log = (ROOT / "benchmarks" / "monitors-log.md").read_text()
     seeds = [m.stem.removeprefix("monitors-matched-") for m, _ in pooled.default_sets()]
     assert [s for s in seeds if s not in log] == [], "monitors-log.md lacks these sets"
 
 
-def test_readme_quiet_controls_under_the_floor_are_the_pooled_sets(monkeypatch):
+def test_readme_quiet_controls_under_the_floor_are_the_pooled_sets(pooled):
     """The README says no control, deep or width 64, alarmed on the sets watched under the
     sub-layer floor (shipped from seed 290); it once said so set by set, a sentence a set, and now
     counts them, read here from the pooled rows of every failure."""
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    pooled = importlib.import_module("benchmarks.pooled_bars")
     since = {
         failure: [row for row in pooled.set_rows(pooled.default_sets(), failure) if row["first_seed"] >= 290]
         for failure in FAILURES
@@ -518,11 +499,9 @@ def test_readme_quiet_controls_under_the_floor_are_the_pooled_sets(monkeypatch):
     ) in _prose()
 
 
-def test_readme_width_64_lost_races_are_the_records(monkeypatch):
+def test_readme_width_64_lost_races_are_the_records(pooled):
     """Who beat rksp on width 64, summed from the run-by-run records (the README listed each race
     seed by seed, a clause a race; the held-out record still does)."""
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    pooled = importlib.import_module("benchmarks.pooled_bars")
     rules: dict[str, list[list[int]]] = {d.name: [] for d in (MegatronSpikyLoss, OlmoSkipStep, FoundryKillLossSpike)}
     counts = {}
     for failure in ("attention_logit_growth", "low_precision_attention"):
@@ -546,11 +525,9 @@ def test_readme_width_64_lost_races_are_the_records(monkeypatch):
     assert f"({early} of its {megatron[0]} attention-logit wins came in the first 40 steps)" in _prose()
 
 
-def test_readme_watchers_table_and_its_reading_are_the_program_s(monkeypatch):
+def test_readme_watchers_table_and_its_reading_are_the_program_s(pooled):
     """Each watcher's alarms and false alarms over the held-out sets: the table is
     ``pooled_bars.py --watchers``'s, and the counts its paragraph quotes are read from the same sums."""
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    pooled = importlib.import_module("benchmarks.pooled_bars")
     assert pooled.watchers(pooled.default_sets()) in README.read_text(), "README lacks pooled_bars.py --watchers"
     sums = pooled.watcher_sums(pooled.default_sets())
     deep, growth = "post_ln_without_warmup", "attention_logit_growth"
@@ -593,12 +570,10 @@ def test_pre_ln_control_count_is_the_results_files():
     assert f"exploded on {len(exploded)} of the {len(seeds)} seeds with a recorded run ({at})" in _prose(HELD_OUT)
 
 
-def test_readme_sublayer_margin_denominators_are_the_pooled_rows(monkeypatch):
+def test_readme_sublayer_margin_denominators_are_the_pooled_rows(pooled):
     """How near the controls of 222 on came to a sub-layer alarm is counted over every control of
     those sets (the near ones from ``sublayer_margin.py``, by hand; 222-271's saved runs are lost):
     the span and the two denominators, which move with every set, are the pooled rows'."""
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    pooled = importlib.import_module("benchmarks.pooled_bars")
     controls = {
         failure: [row for row in pooled.set_rows(pooled.default_sets(), failure) if row["first_seed"] >= 222]
         for failure in ("post_ln_without_warmup", "attention_logit_growth")
