@@ -14,7 +14,8 @@ those facts from the saved runs, so that the record quotes a command rather than
 - A run that failed with no rksp alarm before it gets a quiet line: the largest robust z, |value -
   median| / (``MAD_TO_SIGMA`` MAD), of any signal its monitors recorded at its last check before the
   failure, against the ``HISTORY`` checks before that one. Only alarms are saved, so this is how near the
-  signals came, not whether a warning fired.
+  signals came, not whether a warning fired. A signal whose history is flat (a MAD of 0, such as a
+  sign entropy pinned at 0 bit) has no robust scale and is left out rather than scored infinite.
 
 Run: python benchmarks/run_story.py --seeds 386-387 [--runs DIR]; seconds, training nothing.
 """
@@ -65,7 +66,8 @@ def best_mean(losses: list[float], window: int = WINDOW) -> float | None:
 
 def quiet(run: WatchedRun, before: int, history: int = HISTORY) -> tuple[float, str, int] | None:
     """(largest robust z, its signal, the check's step) at the last check at or before ``before``,
-    scored against the ``history`` checks before it; None with too few checks to score."""
+    scored against the ``history`` checks before it, flat histories left out; None with too few checks
+    or no signal to score."""
     checks = [c for c in run.series if c["step"] <= before]
     if len(checks) < 6:
         return None
@@ -77,7 +79,9 @@ def quiet(run: WatchedRun, before: int, history: int = HISTORY) -> tuple[float, 
             continue
         median = statistics.median(values)
         spread = MAD_TO_SIGMA * statistics.median(abs(v - median) for v in values)
-        z = abs(value - median) / spread if spread > 0 else (math.inf if value != median else 0.0)
+        if spread == 0:
+            continue  # no scale to score against (see the module docstring)
+        z = abs(value - median) / spread
         if loudest is None or z > loudest[0]:
             loudest = (z, key, last["step"])
     return loudest

@@ -51,6 +51,18 @@ def test_the_quiet_line_names_the_signal_that_moved_most_at_the_last_check(stori
     assert stories.quiet(run, before=200) is None  # four checks: too few to score
 
 
+def test_a_signal_with_a_flat_history_is_left_out_not_scored_infinite(stories):
+    """A sign entropy pinned at 0 bit that lifts to 0.05 has no robust scale: naming it with an
+    infinite z would hide the signal that did move against a spread."""
+    checks = _checks([0.0] * 20 + [0.05], key="sa_entropy/blocks.11.mlp.proj")
+    for i, check in enumerate(checks):
+        check["metrics"]["sublayer_ratio/blocks.3.mlp"] = 0.1 * (1 + 0.02 * (i % 4)) if i < 20 else 0.2
+    z, key, _ = stories.quiet(saved_run(checks, "sublayer_ratio", losses=[4.0] * 1100, exploded_step=1060), 1060)
+    assert key == "sublayer_ratio/blocks.3.mlp" and math.isfinite(z) and z > 10
+    flat = [{"step": 50 * (i + 1), "metrics": {"sa_entropy_min": 0.0 if i < 20 else 0.05}} for i in range(21)]
+    assert stories.quiet(saved_run(flat, "spectral_alignment", losses=[4.0] * 1100, exploded_step=1060), 1060) is None
+
+
 def test_a_failure_with_no_alarm_says_so_and_one_with_alarms_names_each_monitors_first(stories):
     values = [0.1] * 20
     silent = saved_run(_checks(values), "sublayer_ratio", losses=[4.0] * 1000, exploded_step=990)
