@@ -149,8 +149,8 @@ SETS = [
     ("monitors-matched-428-429.json", None),  # two seeds, on the same EPYC
     ("monitors-matched-430-431.json", None),  # two seeds, on a 2-core AMD EPYC (a later session)
     ("monitors-matched-432-433.json", None),  # two seeds, on the same EPYC
-    ("monitors-matched-434-435.json", None),  # two seeds, on the same EPYC
-    ("monitors-matched-436-437.json", None),  # two seeds, on the same EPYC model
+    ("monitors-matched-434-435.json", None),  # two seeds, on an EPYC of the same model
+    ("monitors-matched-436-437.json", None),  # two seeds, on the same EPYC
 ]
 SUBLAYER_FROM = 60  # the first seed watched by all of today's monitors (sublayer_ratio, the newest)
 DETECTOR_NAMES = {cls.name for cls in DETECTORS}
