@@ -158,6 +158,7 @@ SETS = [
     ("monitors-matched-446-447.json", None),  # two seeds, on the same EPYC
     ("monitors-matched-448-449.json", None),  # two seeds, on the same EPYC
     ("monitors-matched-450-451.json", None),  # two seeds, on the same EPYC
+    ("monitors-matched-452-453.json", None),  # two seeds, on the same EPYC
 ]
 SUBLAYER_FROM = 60  # the first seed watched by all of today's monitors (sublayer_ratio, the newest)
 DETECTOR_NAMES = {cls.name for cls in DETECTORS}
