@@ -161,6 +161,7 @@ SETS = [
     ("monitors-matched-452-453.json", None),  # two seeds, on the same EPYC
     ("monitors-matched-454-455.json", None),  # two seeds, on the same EPYC
     ("monitors-matched-456-457.json", None),  # two seeds, on the same EPYC
+    ("monitors-matched-458-459.json", None),  # two seeds, on a 2-core Intel Xeon
 ]
 SUBLAYER_FROM = 60  # the first seed watched by all of today's monitors (sublayer_ratio, the newest)
 DETECTOR_NAMES = {cls.name for cls in DETECTORS}
