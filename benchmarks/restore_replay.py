@@ -18,22 +18,39 @@ then the guard acts as it did. Where the told rule removes an alarm that acted, 
 on as its ``rollback-once`` twin (if saved) until that twin's next alarm, so the told rule is replayed
 on that twin too.
 
-Run: python benchmarks/restore_replay.py [--runs DIR]; seconds, training nothing.
+With ``--rule sublayer_ratio``, the same question of `sublayer_ratio`, which a restore does not reset:
+its rule (``SublayerBurst``, exact: it reads only the logged branch ratios) as shipped, its history
+kept across a restore, and ``rewind``, its state brought back with the weights (the rule as it was
+at the restored snapshot's step). Kept, a restore to a state in a stretch of bursts that passed
+unalarmed against the unsettled history of a run's first checks scores them again against a later,
+quieter one: held-out 458's twin was sent back to step 1000 six times so (``monitors-heldout.md``,
+seeds 458-459). The table lists each twin whose rollbacks the candidate changes, with the first
+change: a rollback it removes (the run would then have gone on as its ``rollback-once`` twin, if
+saved, until that twin's next alarm under the candidate, replayed there too) or one it adds.
+
+Run: python benchmarks/restore_replay.py [--rule spectral_alignment|sublayer_ratio] [--runs DIR];
+seconds, training nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
+import re
 from functools import cache
 from pathlib import Path
 
 from matched_detectors import RUNS, activation_fed
 
 from rksp_cli.monitors.spectral_alignment import SignCollapse
+from rksp_cli.monitors.sublayer_ratio import FLOOR, SublayerBurst
 
 # The monitor code under which `spectral_alignment` was not told of a restore (all saved twins up to 267).
 UNTOLD = frozenset({"c55e6e62ca8c3122"})
+# The monitor codes under which `sublayer_ratio` had no floor (the saved twins of 272-289).
+NO_FLOOR = frozenset({"c55e6e62ca8c3122", "af00547685a45d60"})
+RESTORED = re.compile(r"restored the state of step (\d+)")
 
 _fed = cache(activation_fed)  # one model built per failure and kind
 
@@ -54,13 +71,83 @@ def _listed(steps: list[int]) -> str:
     return ", ".join(map(str, steps)) or "none"
 
 
+def restores(run: dict) -> dict[int, int]:
+    """A guarded run's rollbacks: the check that acted, and the step whose state it restored."""
+    return {
+        a["step"]: int(m[1]) for a in run["actions"] if a["action"] == "rollback" and (m := RESTORED.match(a["what"]))
+    }
+
+
+def sublayer_alarms(run: dict, rewind: bool) -> list[int]:
+    """The checks at which `sublayer_ratio`'s rule alarms on a saved guarded run, its history kept
+    across each restore (as shipped) or rewound to the restored snapshot's step (``rewind``)."""
+    layers = sorted(
+        {k.split("/", 1)[1] for check in run["series"] for k in check["metrics"] if k.startswith("sublayer_ratio/")}
+    )
+    floor = 0.0 if run.get("monitor_code") in NO_FLOOR else FLOOR
+    rule, steps, states, back = SublayerBurst(layers, floor=floor), [], {}, restores(run)
+    for check in run["series"]:
+        if rule.rescore([(check["step"], check["metrics"])]):
+            steps.append(check["step"])
+        states[check["step"]] = copy.deepcopy(rule.drifts)  # as a snapshot taken at this check holds it
+        if rewind and check["step"] in back:
+            rule.drifts = copy.deepcopy(states[back[check["step"]]])
+    return steps
+
+
+def first_change(run: dict, kept: list[int], rewound: list[int]) -> tuple[str, int] | None:
+    """Where rewinding first changes what the guard did: ("removes", step), a rollback whose every
+    alarm it removes, or ("adds", step), a check it alarms at where the run did not act; None where
+    it changes nothing. The replay is exact up to there."""
+    acted = {a["step"]: a["by"] for a in run["actions"] if a["action"] == "rollback"}
+    for step in sorted(acted.keys() | set(rewound)):
+        if step in acted and acted[step] == ["sublayer_ratio"] and step not in rewound:
+            return "removes", step
+        if step not in acted and step in rewound and step not in kept:
+            return "adds", step
+    return None
+
+
+def _sublayer_table(twins: list[Path]) -> None:
+    print(
+        "| run | rolled back at | `sublayer_ratio` alarms after the first restore: kept / rewound "
+        "| first change | once-twin, rewound |"
+    )
+    print("|---|---|---|---|---|")
+    changed = 0
+    for path in twins:
+        run = json.loads(path.read_text())
+        kept, rewound = sublayer_alarms(run, False), sublayer_alarms(run, True)
+        saved = {a["step"] for a in run["alerts"] if a["monitor"] == "sublayer_ratio" and a["level"] == "alarm"}
+        if kept != sorted(saved):
+            raise SystemExit(f"{path.name}: the replay does not give the saved alarms, so it is not exact")
+        if (change := first_change(run, kept, rewound)) is None:
+            continue
+        changed += 1
+        acted = sorted(restores(run))
+        once = path.with_name(path.name.replace("-rollback.json", "-rollback-once.json"))
+        after = "-"  # past an added rollback, or a removed later one, the twin that ran is no guide
+        if change == ("removes", acted[1]):  # the run goes on as its rollback-once twin did
+            after = "not saved"
+            if once.exists():
+                after = _listed([s for s in sublayer_alarms(json.loads(once.read_text()), True) if s > acted[0]])
+        later = (_listed([s for s in alarms if s > acted[0]]) for alarms in (kept, rewound))
+        name = f"{run['failure']} {run['kind']} {run['seed']}"
+        print(f"| {name} | {_listed(acted)} | {' / '.join(later)} | {' '.join(map(str, change))} | {after} |")
+    print(f"\n{len(twins)} rollback twins; changed by rewinding the rule with the weights: {changed}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=Path, default=RUNS, help="where benchmarks/monitors.py saved the runs")
+    parser.add_argument("--rule", choices=("spectral_alignment", "sublayer_ratio"), default="spectral_alignment")
     args = parser.parse_args(argv)
     twins = sorted(args.runs.glob("*-rollback.json"))
     if not twins:
         raise SystemExit(f"no saved rollback twins (*-rollback.json) in {args.runs}")
+    if args.rule == "sublayer_ratio":
+        _sublayer_table(twins)
+        return
     print("| run | rolled back at | `spectral_alignment` alarms: untold / told | once-twin, told |")
     print("|---|---|---|---|")
     changed = 0

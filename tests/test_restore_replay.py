@@ -74,3 +74,75 @@ def test_the_table_lists_only_the_twins_telling_changes(replay, tmp_path, capsys
     assert "| post_ln_without_warmup failing 1 | 850 | 900, 950, 1000, 1050 / none | none |" in out
     assert "failing 2 |" not in out
     assert "2 rollback twins; changed by telling the rule of restores: 1" in out
+
+
+# `sublayer_ratio` (``--rule sublayer_ratio``): a run whose first 20 checks burst as early training
+# does, then settle; a burst at check 40 rolls it back to the state of check 20 (step 1000), and the
+# restored run bursts again as it did then.
+BRANCH = "blocks.0.mlp"
+BURSTS = (0.05, 0.2, 0.06, 0.35, 0.05, 0.12, 0.3, 0.055, 0.25, 0.05)
+
+
+def sublayer_twin(checks: int = 50, seed: int = 1) -> dict:
+    ratios = []
+    for i in range(1, checks + 1):
+        if i <= 20:
+            ratio = BURSTS[(i - 1) % 10]
+        elif i < 40:
+            ratio = 0.05 * (1 + 0.02 * ((i * 7) % 5 - 2))  # settled
+        elif i == 40:
+            ratio = 0.4  # the burst that acts
+        else:
+            ratio = BURSTS[(i - 41) % 10]  # the restored state of check 20 bursts again
+        ratios.append({"step": 50 * i, "metrics": {f"sublayer_ratio/{BRANCH}": ratio}})
+    return {
+        "failure": "post_ln_without_warmup",
+        "kind": "failing",
+        "seed": seed,
+        "series": ratios,
+        "actions": [rollback(2000)],
+        "alerts": [],
+        "monitor_code": "today",
+    }
+
+
+def rollback(step: int, by: tuple[str, ...] = ("sublayer_ratio",)) -> dict:
+    return {"step": step, "action": "rollback", "what": "restored the state of step 1000", "by": list(by)}
+
+
+def test_kept_the_sublayer_rule_scores_the_replayed_bursts_against_the_settled_history(replay):
+    kept = replay.sublayer_alarms(sublayer_twin(), rewind=False)
+    assert kept[0] == 2000 and len(kept) > 1 and all(step > 2000 for step in kept[1:])
+
+
+def test_rewound_the_sublayer_rule_reads_them_as_the_run_did_the_first_time(replay):
+    assert replay.sublayer_alarms(sublayer_twin(), rewind=True) == [2000]
+
+
+def test_the_first_change_is_the_first_rollback_rewinding_removes_or_adds(replay):
+    run = sublayer_twin()
+    kept = replay.sublayer_alarms(run, rewind=False)
+    added = next(step for step in range(2050, 2500, 50) if step not in kept)
+    assert replay.first_change(run, kept, [2000, added]) == ("adds", added)  # the run acted once
+    run["actions"].append(rollback(kept[1]))
+    assert replay.first_change(run, kept, [2000]) == ("removes", kept[1])
+    run["actions"][1] = rollback(kept[1], by=("sublayer_ratio", "attention_entropy"))  # another acts too
+    assert replay.first_change(run, kept, [2000]) is None
+
+
+def test_the_sublayer_table_lists_the_changed_twins_with_their_once_twins(replay, tmp_path, capsys):
+    run = sublayer_twin()
+    kept = replay.sublayer_alarms(run, rewind=False)
+    run["alerts"] = [{"step": s, "monitor": "sublayer_ratio", "level": "alarm"} for s in kept]
+    run["actions"] += [rollback(step) for step in kept[1:]]
+    (tmp_path / "post_ln_without_warmup-failing-1-rollback.json").write_text(json.dumps(run))
+    (tmp_path / "post_ln_without_warmup-failing-1-rollback-once.json").write_text(json.dumps(sublayer_twin()))
+    replay.main(["--rule", "sublayer_ratio", "--runs", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert f"| post_ln_without_warmup failing 1 | {', '.join(map(str, kept))} |" in out
+    assert f"| removes {kept[1]} | none |" in out
+    assert "1 rollback twins; changed by rewinding the rule with the weights: 1" in out
+    run["alerts"] = []  # saved alarms the kept replay does not give: refused
+    (tmp_path / "post_ln_without_warmup-failing-1-rollback.json").write_text(json.dumps(run))
+    with pytest.raises(SystemExit, match="not exact"):
+        replay.main(["--rule", "sublayer_ratio", "--runs", str(tmp_path)])
