@@ -13,8 +13,12 @@ class AlarmsAt:
         self.steps, self.every = set(steps), every
         self.restores = 0  # how often a guard said it set the weights back
 
-    def restored(self):
+    def snapshot(self):
+        return {"fake": self.restores}  # what a rollback should bring back: the count when taken
+
+    def restored(self, snapshot=None):
         self.restores += 1
+        self.restored_snapshot = snapshot
 
     def step(self, step, loss=None):
         return [Alert(step, "fake", None, 1.0, 0.5, "alarm", "test")] if step in self.steps else []

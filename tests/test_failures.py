@@ -330,6 +330,7 @@ def test_rollback_restores_the_older_snapshot_and_backs_off():
     assert history[23][2] == pytest.approx(0.05)
     assert guard.actions[0]["action"] == "rollback" and "step 10" in guard.actions[0]["what"]
     assert guard.monitor.restores == 1  # told, so that no monitor measures change across the restore
+    assert guard.monitor.restored_snapshot == {"fake": 0}  # with the monitors' state taken at step 10
 
 
 def test_max_actions_acts_on_the_first_alarms_only_and_records_the_rest():

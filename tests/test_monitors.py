@@ -897,3 +897,50 @@ def test_sublayer_ratio_alarms_on_a_branch_that_jumps_and_rescores_its_log_exact
     checks = [(r["step"], r["metrics"]) for r in read_log(tmp_path / "m.jsonl").checks]
     rescored = SublayerBurst(s.name for s in monitor.monitors[0].sites).rescore(checks)
     assert rescored == alerts
+
+
+def test_sublayer_burst_restored_from_a_snapshot_scores_as_it_did_when_it_was_taken():
+    """A guard's rollback brings the rule's history back with the weights (``snapshot``, ``restore``).
+    A stretch of bursts that passed unalarmed against the unsettled history of a run's first checks,
+    met again after a rollback to it, passes again; scored against the settled history since, as when
+    the history was kept across a restore (through seed 459), it alarms: held-out 458's twin was sent
+    back to the same state five more times so."""
+    early = [0.05, 0.2, 0.06, 0.35, 0.05, 0.12, 0.3, 0.055, 0.25, 0.05] * 2
+    settled = [0.05 * (1 + 0.02 * math.sin(t)) for t in range(20)]
+    rule = SublayerBurst(["b"])
+    assert not [t for t, r in enumerate(early) if rule.score(t, "b", r)]  # the first time: no alarm
+    snapshot = rule.snapshot()
+    assert not [t for t, r in enumerate(settled, 20) if rule.score(t, "b", r)]
+    kept = SublayerBurst(["b"])
+    kept.restore(rule.snapshot())  # the history as it stands after the settled stretch
+    rule.restore(snapshot)
+    again = early[:10]
+    assert [t for t, r in enumerate(again, 40) if kept.score(t, "b", r)]
+    assert not [t for t, r in enumerate(again, 40) if rule.score(t, "b", r)]
+
+
+def test_monitor_restored_with_a_snapshot_brings_sublayer_history_back_and_without_keeps_it():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layers=1))
+    monitor = Monitor(model, every=1, monitors=["sublayer_ratio", "attention_entropy"])
+    ids = torch.randint(0, 103, (2, 16))
+
+    def history() -> dict[str, list[float]]:
+        return {name: list(drift.history) for name, drift in monitor.monitors[0].rule.drifts.items()}
+
+    def checks(n: int) -> None:
+        for step in range(n):
+            _, loss = model(ids, ids)
+            monitor.step(step, loss=loss)
+
+    checks(3)
+    snapshot, then = monitor.snapshot(), history()
+    assert set(snapshot) == {"sublayer_ratio"} and all(len(h) == 3 for h in then.values())
+    checks(2)
+    now = history()
+    monitor.restored()  # no snapshot: kept (attention_entropy is told either way)
+    assert history() == now
+    monitor.restored(snapshot)
+    assert history() == then
+    checks(1)
+    assert all(len(h) == 4 for h in history().values()) and all(len(h) == 3 for h in then.values())

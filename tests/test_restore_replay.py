@@ -83,7 +83,7 @@ BRANCH = "blocks.0.mlp"
 BURSTS = (0.05, 0.2, 0.06, 0.35, 0.05, 0.12, 0.3, 0.055, 0.25, 0.05)
 
 
-def sublayer_twin(checks: int = 50, seed: int = 1) -> dict:
+def sublayer_twin(checks: int = 50, seed: int = 1, code: str = "today") -> dict:
     ratios = []
     for i in range(1, checks + 1):
         if i <= 20:
@@ -102,7 +102,7 @@ def sublayer_twin(checks: int = 50, seed: int = 1) -> dict:
         "series": ratios,
         "actions": [rollback(2000)],
         "alerts": [],
-        "monitor_code": "today",
+        "monitor_code": code,
     }
 
 
@@ -131,7 +131,7 @@ def test_the_first_change_is_the_first_rollback_rewinding_removes_or_adds(replay
 
 
 def test_the_sublayer_table_lists_the_changed_twins_with_their_once_twins(replay, tmp_path, capsys):
-    run = sublayer_twin()
+    run = sublayer_twin(code="853bd1602ceae5ca")  # a twin from before the rule was rewound
     kept = replay.sublayer_alarms(run, rewind=False)
     run["alerts"] = [{"step": s, "monitor": "sublayer_ratio", "level": "alarm"} for s in kept]
     run["actions"] += [rollback(step) for step in kept[1:]]
@@ -146,3 +146,11 @@ def test_the_sublayer_table_lists_the_changed_twins_with_their_once_twins(replay
     (tmp_path / "post_ln_without_warmup-failing-1-rollback.json").write_text(json.dumps(run))
     with pytest.raises(SystemExit, match="not exact"):
         replay.main(["--rule", "sublayer_ratio", "--runs", str(tmp_path)])
+
+
+def test_a_twin_run_under_todays_code_is_replayed_rewound(replay, tmp_path, capsys):
+    run = sublayer_twin()  # today's code: its saved alarms are the rewound rule's
+    run["alerts"] = [{"step": 2000, "monitor": "sublayer_ratio", "level": "alarm"}]
+    (tmp_path / "post_ln_without_warmup-failing-1-rollback.json").write_text(json.dumps(run))
+    replay.main(["--rule", "sublayer_ratio", "--runs", str(tmp_path)])
+    assert "1 rollback twins; changed by rewinding the rule with the weights: 0" in capsys.readouterr().out

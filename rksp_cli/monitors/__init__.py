@@ -148,11 +148,19 @@ class Monitor:
         self._publish(step, loss_value, metrics, alerts)
         return alerts
 
-    def restored(self) -> None:
+    def snapshot(self) -> dict[str, Any]:
+        """The state of each monitor that brings its history back with the weights on a rollback
+        (``sublayer_ratio``), by name: taken with a guard's snapshot of the model."""
+        return {m.name: m.snapshot() for m in self.monitors if hasattr(m, "snapshot")}
+
+    def restored(self, snapshot: dict[str, Any] | None = None) -> None:
         """Tell the monitors that measure change over several checks that the model's weights were
-        just set back to an earlier state (``Guard``'s rollback)."""
+        just set back to an earlier state (``Guard``'s rollback), with the ``snapshot`` taken with
+        those weights, if any."""
         for m in self.monitors:
-            if hasattr(m, "restored"):
+            if snapshot is not None and m.name in snapshot:
+                m.restored(snapshot[m.name])
+            elif hasattr(m, "restored"):
                 m.restored()
 
     def _arm(self, on: bool) -> None:

@@ -22,8 +22,9 @@ Policies, each acting on every *alarm* (warnings never act):
   failure starts well before it is seen), and the lr is backed off as above, since replaying the
   same lr replays the failure. The loop's data stream goes on, so the batches in between are
   skipped. The monitors are told (``Monitor.restored``), so that one measuring change over several
-  checks (``attention_entropy``) does not read the jump back as an update. Memory: two copies of
-  the model's and the optimizer's state.
+  checks (``attention_entropy``) does not read the jump back as an update, and one scoring a check
+  against its history (``sublayer_ratio``) has the history of the restored step, taken with the
+  snapshot (``Monitor.snapshot``). Memory: two copies of the model's and the optimizer's state.
 
 ``max_actions`` caps how many alarms act (default: no cap). Past it, an alarm is recorded as
 ``ignored`` and the run goes on as it is (``exhausted`` tells a loop that wants to stop instead):
@@ -82,7 +83,7 @@ class Guard:
         self.snapshot_every = snapshot_every or 10 * self.monitor.every
         self.scale = 1.0  # the lr's multiplier so far
         self.skip_update = False
-        self.snapshots: deque[tuple[int, float, dict, dict]] = deque(maxlen=2)  # step, lr scale, states
+        self.snapshots: deque[tuple[int, float, dict, dict, dict]] = deque(maxlen=2)  # step, lr scale, states
         self.actions: list[dict[str, Any]] = []
         self.max_actions = max_actions
         self.acted = 0  # alarms acted on so far
@@ -116,10 +117,10 @@ class Guard:
         if alarms and self.policy in ("backoff", "rollback"):
             if self.policy == "rollback" and self.snapshots:
                 oldest = self.snapshots[0]
-                taken, scale, model_state, optimizer_state = oldest
+                taken, scale, model_state, optimizer_state, monitor_state = oldest
                 self.model.load_state_dict(model_state)
                 self.optimizer.load_state_dict(optimizer_state)  # its lrs are those of the snapshot's scale
-                self.monitor.restored()
+                self.monitor.restored(monitor_state)
                 for group in self.optimizer.param_groups:
                     group["lr"] *= self.scale / scale
                 self.snapshots.clear()  # the restored state is the next rollback's starting point
@@ -129,7 +130,7 @@ class Guard:
             self._back_off(step, alarms)
         elif step % self.snapshot_every == 0 and self.policy == "rollback":
             state = (copy.deepcopy(self.model.state_dict()), copy.deepcopy(self.optimizer.state_dict()))
-            self.snapshots.append((step, self.scale, *state))
+            self.snapshots.append((step, self.scale, *state, self.monitor.snapshot()))
         return alerts
 
     def _back_off(self, step: int, alarms: list[Alert]) -> None:

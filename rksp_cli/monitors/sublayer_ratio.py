@@ -36,6 +36,17 @@ shortcut, 4.7x its median and 2.5x the last check, a jump that moved the residua
 nothing. Stated before seeds 274 on ran and replayed on every set from there, it moved no failing
 run's first alarm and no control's over 13 held-out deep failures; shipped from seed 290 on.
 
+A guard's rollback brings the rule's history back with the weights (``SublayerRatio.snapshot`` and
+``restored``): the rule is as it was at the restored snapshot's step. Kept across the restore, as
+through seed 459, the history scored a restored run against the stretch the rollback discarded: held
+-out 458's twin, restored to a state in a stretch of bursts that had passed unalarmed against the
+unsettled history of its first checks, met them again against a quieter one and was sent back to
+the same state five more times, ending at 3.93 where one rollback ends at 3.24. Replayed on the 148
+saved rollback twins of 272-459 (benchmarks/restore_replay.py --rule sublayer_ratio), it changes
+three: it removes those five and a second rollback of 336 that its capped twin did without, and
+delays 317's needed second rollback by one check. Stated before the twins of 460-461 were read and
+judged on them.
+
 Why (issue 16): deep Post-LN without warmup (12 blocks, lr 0.003) fails early on some seeds, at
 steps 1135-2697, by collapsing to a near-unigram loss within a few steps, with nothing in the other
 monitors' signals moving before it. Rerun with this signal (bit-identical to the saved runs), the
@@ -52,6 +63,7 @@ forward pass, O(tokens x d) per sub-layer; the hooks do nothing on other steps.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -176,6 +188,13 @@ class SublayerBurst:
         )
         return Alert(step, SublayerRatio.name, layer, fold, self.fold, "alarm", reason)
 
+    def snapshot(self) -> dict[str, RobustDrift]:
+        """The history as it stands: what a guard's snapshot of the run brings back with its weights."""
+        return copy.deepcopy(self.drifts)
+
+    def restore(self, snapshot: dict[str, RobustDrift]) -> None:
+        self.drifts = copy.deepcopy(snapshot)
+
     def rescore(self, checks: Iterable[tuple[int, Mapping[str, float]]]) -> list[Alert]:
         """The alarms of a logged run's checks, (step, metrics) in order, under this rule."""
         alerts = []
@@ -196,6 +215,15 @@ class SublayerRatio:
         self.sites = sites
         self.sampler = _RowNorms(sites)
         self.rule = SublayerBurst(s.name for s in sites)
+
+    def snapshot(self) -> dict[str, RobustDrift]:
+        return self.rule.snapshot()
+
+    def restored(self, snapshot: dict[str, RobustDrift] | None = None) -> None:
+        """The weights were set back to those of ``snapshot``'s step (a guard's rollback): the rule's
+        history goes back with them. Without one, the history is kept."""
+        if snapshot is not None:
+            self.rule.restore(snapshot)
 
     def remove(self) -> None:
         self.sampler.remove()
