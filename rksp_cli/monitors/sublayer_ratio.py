@@ -38,14 +38,14 @@ run's first alarm and no control's over 13 held-out deep failures; shipped from 
 
 A guard's rollback brings the rule's history back with the weights (``SublayerRatio.snapshot`` and
 ``restored``): the rule is as it was at the restored snapshot's step. Kept across the restore, as
-through seed 459, the history scored a restored run against the stretch the rollback discarded: held
--out 458's twin, restored to a state in a stretch of bursts that had passed unalarmed against the
-unsettled history of its first checks, met them again against a quieter one and was sent back to
-the same state five more times, ending at 3.93 where one rollback ends at 3.24. Replayed on the 148
-saved rollback twins of 272-459 (benchmarks/restore_replay.py --rule sublayer_ratio), it changes
-three: it removes those five and a second rollback of 336 that its capped twin did without, and
-delays 317's needed second rollback by one check. Stated before the twins of 460-461 were read and
-judged on them.
+through seed 461, the history scored a restored run against the stretch the rollback discarded:
+the twin of held-out seed 458, restored to a state in a stretch of bursts that had passed unalarmed
+against the unsettled history of its first checks, met them again against a quieter one and was
+sent back to the same state five more times, ending at 3.93 where one rollback ends at 3.24.
+Replayed on the 148 saved rollback twins of 272-459 (benchmarks/restore_replay.py --rule
+sublayer_ratio), it changes three: it removes those five and a second rollback of 336 that its
+capped twin did without, and delays 317's needed second rollback by one check. Stated before the
+twins of 460-461 were read and judged on them, where it changed nothing; shipped after them.
 
 Why (issue 16): deep Post-LN without warmup (12 blocks, lr 0.003) fails early on some seeds, at
 steps 1135-2697, by collapsing to a near-unigram loss within a few steps, with nothing in the other
