@@ -22,12 +22,12 @@ With ``--rule sublayer_ratio``, the same question of `sublayer_ratio`: its rule 
 exact: it reads only the logged branch ratios) with its history kept across a restore, as up to
 monitor code 853bd1602ceae5ca (``KEPT``), and rewound, its state brought back with the weights (the
 rule as it was at the restored snapshot's step), as shipped since. Kept, a restore to a state in a
-stretch of bursts that passed
-unalarmed against the unsettled history of a run's first checks scores them again against a later,
-quieter one: held-out 458's twin was sent back to step 1000 six times so (``monitors-heldout.md``,
-seeds 458-459). The table lists each twin whose rollbacks rewinding changes, with the first
-change: a rollback it removes (the run would then have gone on as its ``rollback-once`` twin, if
-saved, until that twin's next alarm rewound, replayed there too) or one it adds.
+stretch of bursts that passed unalarmed against the unsettled history of a run's first checks
+scores them again against a later, quieter one: held-out 458's twin was sent back to step 1000 six
+times so (``monitors-heldout.md``, seeds 458-459). The table lists each twin whose rollbacks
+rewinding changes, with the first change: a rollback it removes (the run would then have gone on as
+its ``rollback-once`` twin, if saved, until that twin's next alarm rewound, replayed there too) or
+one it adds.
 
 Run: python benchmarks/restore_replay.py [--rule spectral_alignment|sublayer_ratio] [--runs DIR];
 seconds, training nothing.
@@ -82,7 +82,8 @@ def restores(run: dict) -> dict[int, int]:
 
 def sublayer_alarms(run: dict, rewind: bool) -> list[int]:
     """The checks at which `sublayer_ratio`'s rule alarms on a saved guarded run, its history kept
-    across each restore (as shipped) or rewound to the restored snapshot's step (``rewind``)."""
+    across each restore (as up to 853bd1602ceae5ca) or rewound to the restored snapshot's step
+    (``rewind``, as shipped since)."""
     layers = sorted(
         {k.split("/", 1)[1] for check in run["series"] for k in check["metrics"] if k.startswith("sublayer_ratio/")}
     )
@@ -129,7 +130,7 @@ def _sublayer_table(twins: list[Path]) -> None:
         acted = sorted(restores(run))
         once = path.with_name(path.name.replace("-rollback.json", "-rollback-once.json"))
         after = "-"  # past an added rollback, or a removed later one, the twin that ran is no guide
-        if change == ("removes", acted[1]):  # the run goes on as its rollback-once twin did
+        if change[0] == "removes" and change[1] == acted[1]:  # the run goes on as its rollback-once twin
             after = "not saved"
             if once.exists():
                 after = _listed([s for s in sublayer_alarms(json.loads(once.read_text()), True) if s > acted[0]])

@@ -1,6 +1,7 @@
 """The replay of spectral_alignment's rule across a guard's restores (benchmarks/restore_replay.py)."""
 
 import json
+import math
 
 import pytest
 
@@ -154,3 +155,20 @@ def test_a_twin_run_under_todays_code_is_replayed_rewound(replay, tmp_path, caps
     (tmp_path / "post_ln_without_warmup-failing-1-rollback.json").write_text(json.dumps(run))
     replay.main(["--rule", "sublayer_ratio", "--runs", str(tmp_path)])
     assert "1 rollback twins; changed by rewinding the rule with the weights: 0" in capsys.readouterr().out
+
+
+def test_a_twin_with_a_rollback_rewinding_adds_is_listed_with_no_once_twin(replay, tmp_path, capsys):
+    """Settled for 20 checks (the snapshot of step 1000), bursty for the next 19, rolled back at
+    check 40 on another monitor's alarm: a burst at check 42 passes against the bursty history
+    kept, and alarms against the settled one rewound."""
+    flat = [0.05 * (1 + 0.02 * math.sin(i)) for i in range(20)]
+    ratios = [*flat, *BURSTS, *BURSTS[:9], 0.9, 0.05, 0.3]
+    run = sublayer_twin(code="853bd1602ceae5ca")
+    run["series"] = [{"step": 50 * i, "metrics": {f"sublayer_ratio/{BRANCH}": r}} for i, r in enumerate(ratios, 1)]
+    run["actions"] = [rollback(2000, by=("attention_entropy",))]
+    kept, rewound = replay.sublayer_alarms(run, rewind=False), replay.sublayer_alarms(run, rewind=True)
+    assert 2100 in rewound and 2100 not in kept
+    run["alerts"] = [{"step": s, "monitor": "sublayer_ratio", "level": "alarm"} for s in kept]
+    (tmp_path / "post_ln_without_warmup-failing-1-rollback.json").write_text(json.dumps(run))
+    replay.main(["--rule", "sublayer_ratio", "--runs", str(tmp_path)])
+    assert "| adds 2100 | - |" in capsys.readouterr().out
