@@ -73,6 +73,23 @@ def _listed(steps: list[int]) -> str:
     return ", ".join(map(str, steps)) or "none"
 
 
+def _check_exact(path: Path, run: dict, monitor: str, replayed: list[int]) -> None:
+    """Refuse a twin whose replay, under the rule it ran with, does not give its saved alarms."""
+    saved = {a["step"] for a in run["alerts"] if a["monitor"] == monitor and a["level"] == "alarm"}
+    if replayed != sorted(saved):
+        raise SystemExit(f"{path.name}: the replay does not give the saved alarms, so it is not exact")
+
+
+def _once_twin(path: Path) -> dict | None:
+    """The twin's ``rollback-once`` run (the first rollback only), if saved."""
+    once = path.with_name(path.name.replace("-rollback.json", "-rollback-once.json"))
+    return json.loads(once.read_text()) if once.exists() else None
+
+
+def _name(run: dict) -> str:
+    return f"{run['failure']} {run['kind']} {run['seed']}"
+
+
 def restores(run: dict) -> dict[int, int]:
     """A guarded run's rollbacks: the check that acted, and the step whose state it restored."""
     return {
@@ -92,7 +109,8 @@ def sublayer_alarms(run: dict, rewind: bool) -> list[int]:
     for check in run["series"]:
         if rule.rescore([(check["step"], check["metrics"])]):
             steps.append(check["step"])
-        states[check["step"]] = rule.snapshot()  # as a guard's snapshot taken at this check holds it
+        if rewind and check["step"] in back.values():  # as a guard's snapshot taken at this check holds it
+            states[check["step"]] = rule.snapshot()
         if rewind and check["step"] in back:
             rule.restore(states[back[check["step"]]])
     return steps
@@ -111,6 +129,25 @@ def first_change(run: dict, kept: list[int], rewound: list[int]) -> tuple[str, i
     return None
 
 
+def _alignment_table(twins: list[Path]) -> None:
+    print("| run | rolled back at | `spectral_alignment` alarms: untold / told | once-twin, told |")
+    print("|---|---|---|---|")
+    changed = 0
+    for path in twins:
+        run = json.loads(path.read_text())
+        fed = _fed(run["failure"], run["kind"])
+        untold, told = alarms(run, False, fed), alarms(run, True, fed)
+        _check_exact(path, run, "spectral_alignment", untold if run.get("monitor_code") in UNTOLD else told)
+        if untold == told:
+            continue
+        changed += 1
+        once = _once_twin(path)
+        after = "not saved" if once is None else _listed(alarms(once, True, fed))
+        acted = _listed([a["step"] for a in run["actions"] if a["action"] == "rollback"])
+        print(f"| {_name(run)} | {acted} | {_listed(untold)} / {_listed(told)} | {after} |")
+    print(f"\n{len(twins)} rollback twins; changed by telling the rule of restores: {changed}")
+
+
 def _sublayer_table(twins: list[Path]) -> None:
     print(
         "| run | rolled back at | `sublayer_ratio` alarms after the first restore: kept / rewound "
@@ -121,22 +158,17 @@ def _sublayer_table(twins: list[Path]) -> None:
     for path in twins:
         run = json.loads(path.read_text())
         kept, rewound = sublayer_alarms(run, False), sublayer_alarms(run, True)
-        saved = {a["step"] for a in run["alerts"] if a["monitor"] == "sublayer_ratio" and a["level"] == "alarm"}
-        if (kept if run.get("monitor_code") in KEPT else rewound) != sorted(saved):
-            raise SystemExit(f"{path.name}: the replay does not give the saved alarms, so it is not exact")
+        _check_exact(path, run, "sublayer_ratio", kept if run.get("monitor_code") in KEPT else rewound)
         if (change := first_change(run, kept, rewound)) is None:
             continue
         changed += 1
         acted = sorted(restores(run))
-        once = path.with_name(path.name.replace("-rollback.json", "-rollback-once.json"))
         after = "-"  # past an added rollback, or a removed later one, the twin that ran is no guide
         if change[0] == "removes" and change[1] == acted[1]:  # the run goes on as its rollback-once twin
-            after = "not saved"
-            if once.exists():
-                after = _listed([s for s in sublayer_alarms(json.loads(once.read_text()), True) if s > acted[0]])
+            once = _once_twin(path)
+            after = "not saved" if once is None else _listed([s for s in sublayer_alarms(once, True) if s > acted[0]])
         later = (_listed([s for s in alarms if s > acted[0]]) for alarms in (kept, rewound))
-        name = f"{run['failure']} {run['kind']} {run['seed']}"
-        print(f"| {name} | {_listed(acted)} | {' / '.join(later)} | {' '.join(map(str, change))} | {after} |")
+        print(f"| {_name(run)} | {_listed(acted)} | {' / '.join(later)} | {' '.join(map(str, change))} | {after} |")
     print(f"\n{len(twins)} rollback twins; changed by rewinding the rule with the weights: {changed}")
 
 
@@ -148,30 +180,7 @@ def main(argv: list[str] | None = None) -> None:
     twins = sorted(args.runs.glob("*-rollback.json"))
     if not twins:
         raise SystemExit(f"no saved rollback twins (*-rollback.json) in {args.runs}")
-    if args.rule == "sublayer_ratio":
-        _sublayer_table(twins)
-        return
-    print("| run | rolled back at | `spectral_alignment` alarms: untold / told | once-twin, told |")
-    print("|---|---|---|---|")
-    changed = 0
-    for path in twins:
-        run = json.loads(path.read_text())
-        fed = _fed(run["failure"], run["kind"])
-        untold, told = alarms(run, False, fed), alarms(run, True, fed)
-        saved = {a["step"] for a in run["alerts"] if a["monitor"] == "spectral_alignment" and a["level"] == "alarm"}
-        if (untold if run.get("monitor_code") in UNTOLD else told) != sorted(saved):
-            raise SystemExit(f"{path.name}: the replay does not give the saved alarms, so it is not exact")
-        if untold == told:
-            continue
-        changed += 1
-        once = path.with_name(path.name.replace("-rollback.json", "-rollback-once.json"))
-        after = "not saved"
-        if once.exists():
-            after = _listed(alarms(json.loads(once.read_text()), True, fed))
-        acted = _listed([a["step"] for a in run["actions"] if a["action"] == "rollback"])
-        name = f"{run['failure']} {run['kind']} {run['seed']}"
-        print(f"| {name} | {acted} | {_listed(untold)} / {_listed(told)} | {after} |")
-    print(f"\n{len(twins)} rollback twins; changed by telling the rule of restores: {changed}")
+    (_sublayer_table if args.rule == "sublayer_ratio" else _alignment_table)(twins)
 
 
 if __name__ == "__main__":
