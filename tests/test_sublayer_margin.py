@@ -21,6 +21,12 @@ def margins(benchmark_script):
     return benchmark_script("sublayer_margin")
 
 
+@pytest.fixture
+def common(benchmark_script):
+    """What the margin scripts share: the bisection's tolerance and the summary."""
+    return benchmark_script("control_margin")
+
+
 def control(
     burst: float,
     kind: str = "control",
@@ -41,23 +47,23 @@ def control(
     return saved_run(series, "sublayer_ratio", kind, failure, seed=3)
 
 
-def test_the_margin_is_where_the_scaled_rule_starts_to_alarm(margins, benchmark_script):
+def test_the_margin_is_where_the_scaled_rule_starts_to_alarm(margins, common, benchmark_script):
     """Just under the margin every threshold scaled by it alarms on the run; just over it, none does."""
     sublayer_ratio_alarm = benchmark_script("matched_detectors").sublayer_ratio_alarm
     run = control(1.6)
     share, alert = margins.margin(run)
     assert 0 < share < 1 and alert is not None and alert.step == 1250 and alert.layer == BRANCH
-    step = 2 * margins.TOLERANCE
+    step = 2 * common.TOLERANCE
     for scale, alarms in ((share - step, True), (share + step, False)):
         thresholds = (scale * FOLD, scale * Z, scale * JUMP)
         assert (sublayer_ratio_alarm(run, thresholds=thresholds, floor=scale * FLOOR) is not None) is alarms
 
 
-def test_a_burst_under_the_floor_is_as_near_as_its_size_against_the_floor(margins):
+def test_a_burst_under_the_floor_is_as_near_as_its_size_against_the_floor(margins, common):
     """A 12-fold burst alarms by every other test at any scale up to 2; on a branch at 0.5% of its
     shortcut it reaches 0.0612, so its margin is that share of ``FLOOR``, under 1."""
     share, alert = margins.margin(control(12.0, level=0.005))
-    assert share == pytest.approx(0.005 * 1.02 * 12 / FLOOR, abs=2 * margins.TOLERANCE)
+    assert share == pytest.approx(0.005 * 1.02 * 12 / FLOOR, abs=2 * common.TOLERANCE)
     assert alert is not None and alert.step == 1250
 
 
@@ -87,15 +93,15 @@ def test_a_control_two_failures_share_is_one_row_naming_both(margins):
     assert len(margins.margins([shared[0], other])) == 2
 
 
-def test_the_summary_counts_distinct_controls_by_margin_per_failure(margins):
+def test_the_summary_counts_distinct_controls_by_margin_per_failure(margins, common):
     deep = [control(b) for b in (1.3, 1.8, 12.0)]
     shared = [control(1.8, failure=f, branch=WIDTH_64_BRANCH) for f in WIDTH_64]
     rows = margins.margins([*deep, *shared])
     near = [r["margin"] for r in rows if r["failure"] == "post_ln_without_warmup"]
-    lines = margins.summary(rows).splitlines()
+    lines = common.summary(rows).splitlines()
     assert lines[0].startswith(" / ".join(WIDTH_64) + ": 1 controls;")
     assert lines[1].startswith("post_ln_without_warmup: 3 controls;") and lines[1].endswith(">= 1: 1")
-    for at in margins.NEAR:
+    for at in common.NEAR:
         assert f">= {at:g}: {sum(m >= at for m in near)}" in lines[1]
 
 

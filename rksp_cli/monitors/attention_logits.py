@@ -26,7 +26,12 @@ and was alarmed only 85 steps ahead; replayed on 108-113 before it shipped, it c
 Held out there, it alarmed on a healthy deep Pre-LN run (seed 119: 252 at 2.6x its low, step
 550) and only moved one failure's alarm that 3 also caught in time (benchmarks/candidate_replay.py,
 results/monitors-candidate-logit-growth-114-119.json), so it is 3 again: the rule judged on the
-held-out sets of 66-113. Still well above a healthy model's 1.5x per 200 steps.
+held-out sets of 66-113. Well above a healthy model's 1.5x per 200 steps once it has trained a
+while, but not early on at a high lr: held-out Pre-LN control 462, at deep Post-LN's lr, grew 3.5x
+over four checks by step 500 and drew the rule's first false alarm at 3, and 33 of the 192 Pre-LN
+controls of 272-463 came within 20% of both thresholds (benchmarks/logit_margin.py). The least
+growth that holds it, 3.6, costs the lead bar on 18 of their 192 low-precision failures
+(benchmarks/candidate_replay.py --logit-growth 3.6), so 3 stands.
 
 Cost per check and layer: the queries and keys of up to ``tokens`` sampled inputs (one projection)
 and an (heads x tokens x tokens) product.
