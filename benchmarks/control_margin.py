@@ -55,8 +55,8 @@ def controls(
         if run.kind == "failing" or monitor not in run.monitors:
             continue
         same = (run.kind, run.seed, json.dumps([read(c) for c in run.series], sort_keys=True))
-        failures, first = seen.get(same, ("", run))
-        seen[same] = (f"{failures} / {run.failure}" if failures else run.failure, first)
+        failures, kept = seen.get(same, ("", run))
+        seen[same] = (f"{failures} / {run.failure}" if failures else run.failure, kept)
     return list(seen.values())
 
 

@@ -1,15 +1,14 @@
 """How close each healthy control came to the sub-layer burst alarm (issue 16), from its saved run.
 
-The rule alarms when a branch's ratio passes four tests
-at one check: ``FOLD`` times its median, ``Z`` robust sd above it, ``JUMP`` times the last check,
-and at least ``FLOOR`` of its shortcut (from seed 290 on). A control's margin is the largest s at
-which the rule with every threshold times s alarms on it, found by bisection on exact replays
-(``sublayer_ratio_alerts``): at every check at least one test stayed under s of its threshold, and
-at one check all of them reached it (margins read before seed 290 scaled the first three only).
-Under 1, the rule as shipped never alarmed on the run; 1 or more, it did. The table gives where
-that check was, the branch, and its ratio against its median and against the last check; under it,
-a line per failure counts its distinct controls at or above margins 0.7, 0.8, 0.9 and 1
-(``control_margin.py``, shared with ``logit_margin.py``).
+The rule alarms when a branch's ratio passes four tests at one check: ``FOLD`` times its median,
+``Z`` robust sd above it, ``JUMP`` times the last check, and at least ``FLOOR`` of its shortcut (from
+seed 290 on). A control's margin is the largest s at which the rule with every threshold times s
+alarms on it, found by bisection on exact replays (``sublayer_ratio_alerts``): at every check at
+least one test stayed under s of its threshold, and at one check all of them reached it (margins
+read before seed 290 scaled the first three only). Under 1, the rule as shipped never alarmed on the
+run; 1 or more, it did. The table gives where that check was, the branch, and its ratio against its
+median and against the last check; under it, a line per failure counts its distinct controls at or
+above margins 0.7, 0.8, 0.9 and 1 (``control_margin.py``, shared with ``logit_margin.py``).
 
 Run: python benchmarks/sublayer_margin.py --seeds 222-225 [--runs DIR]; seconds, training nothing.
 """
