@@ -142,6 +142,15 @@ def _failed_runs(pooled, failure: str) -> list[dict]:
     ]
 
 
+def _false_alarms(pooled, row: dict, failure: str, watcher: str) -> int:
+    """One watcher's false alarms on a set's controls of ``failure``, from the set's head-to-head
+    (``monitors-postln-S-E.json`` or ``monitors-w64-S-E.json``), which counts them per monitor."""
+    kind = "postln" if failure == "post_ln_without_warmup" else "w64"
+    head_to_head = json.loads((pooled.RESULTS / f"monitors-{kind}-{row['seeds']}.json").read_text())["head_to_head"]
+    (found,) = (w["false_alarms"] for w in head_to_head if w["failure"] == failure and w["watcher"] == watcher)
+    return found
+
+
 def test_readme_race_table_is_the_program_s_and_agrees_with_the_pooled_earliness(pooled):
     """Where rksp was not first on deep Post-LN, by how much: the README's table is the program's,
     and its "rksp first" column is the earliness count of the same sets' pooled rows."""
@@ -482,15 +491,6 @@ def test_log_names_every_pooled_set(pooled):
     log = (ROOT / "benchmarks" / "monitors-log.md").read_text()
     seeds = [m.stem.removeprefix("monitors-matched-") for m, _ in pooled.default_sets()]
     assert [s for s in seeds if s not in log] == [], "monitors-log.md lacks these sets"
-
-
-def _false_alarms(pooled, row: dict, failure: str, watcher: str) -> int:
-    """One watcher's false alarms on a set's controls of ``failure``, from the set's head-to-head
-    (``monitors-postln-S-E.json`` or ``monitors-w64-S-E.json``), which counts them per monitor."""
-    kind = "postln" if failure == "post_ln_without_warmup" else "w64"
-    head_to_head = json.loads((pooled.RESULTS / f"monitors-{kind}-{row['seeds']}.json").read_text())["head_to_head"]
-    (found,) = (w["false_alarms"] for w in head_to_head if w["failure"] == failure and w["watcher"] == watcher)
-    return found
 
 
 def test_readme_quiet_controls_under_the_floor_are_the_pooled_sets(pooled):
