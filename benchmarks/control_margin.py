@@ -71,15 +71,28 @@ def summary(rows: list[dict[str, Any]]) -> str:
 
 
 @dataclass(frozen=True)
+class Column:
+    """A column of the table, describing the check where the rule alarmed: its row key and header."""
+
+    key: str
+    header: str
+    form: str = "{:.2f}"
+
+
+@dataclass(frozen=True)
 class Rule:
-    """An alarm rule as a margin script reads it, and the script's table and command line."""
+    """An alarm rule as a margin script reads it, and the script's table and command line. The table
+    describes the alarm's check: its step, the layer, the alarm's value and a ratio of the rule's
+    (``ratio``, read from the run)."""
 
     monitor: str  # the monitor whose controls are read
     thresholds: str  # which thresholds s scales, for the table's header: "every threshold"
     read: Callable[[dict[str, Any]], Any]  # what the rule reads of a check
     first: Callable[[WatchedRun, float], Alert | None]  # its first alarm with thresholds times s
-    columns: dict[str, tuple[str, str]]  # the alarm's check described: header -> (row key, format)
-    where: Callable[[WatchedRun, Alert], dict[str, Any]]  # those row values, "step" among them
+    layer: Column
+    value: Column
+    ratio: Column
+    ratio_of: Callable[[WatchedRun, Alert], float]
 
     def margin(self, run: WatchedRun) -> tuple[float, Alert | None]:
         """The largest multiple s of the thresholds at which the rule alarms on ``run``."""
@@ -92,20 +105,24 @@ class Rule:
             share, alert = self.margin(run)
             row = {"failure": failures, "kind": run.kind, "seed": run.seed, "margin": round(share, 3)}
             if alert is not None:
-                row |= self.where(run, alert)
+                row |= {
+                    "step": alert.step,
+                    self.layer.key: alert.layer,
+                    self.value.key: alert.value,
+                    self.ratio.key: self.ratio_of(run, alert),
+                }
             rows.append(row)
         return sorted(rows, key=lambda r: -r["margin"])
 
     def markdown(self, rows: list[dict[str, Any]]) -> str:
+        columns = (self.layer, self.value, self.ratio)
         lines = [
-            f"| control | margin (share of {self.thresholds}) | step | {' | '.join(self.columns)} |",
-            "|---|---|---|" + "---|" * len(self.columns),
+            f"| control | margin (share of {self.thresholds}) | step | {' | '.join(c.header for c in columns)} |",
+            "|---|---|---|" + "---|" * len(columns),
         ]
         for r in rows:
-            cells = (
-                [str(r["step"]), *(form.format(r[key]) for key, form in self.columns.values())] if "step" in r else []
-            )
-            where = " | ".join(cells or ["-"] * (1 + len(self.columns)))
+            cells = [str(r["step"]), *(c.form.format(r[c.key]) for c in columns)] if "step" in r else []
+            where = " | ".join(cells or ["-"] * (1 + len(columns)))
             ceiling = ">= " if r["margin"] >= CEILING else ""
             lines.append(f"| {r['failure']} {r['kind']} {r['seed']} | {ceiling}{r['margin']:.2f} | {where} |")
         return "\n".join(lines)

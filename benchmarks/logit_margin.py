@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from control_margin import Rule
+from control_margin import Column, Rule
 
 from rksp_cli.monitors.attention_logits import GROWTH, LAG, LEVEL, PREFIX, AttentionLogits
 from rksp_cli.monitors.base import Alert, GrowthAlarm
@@ -55,13 +55,10 @@ RULE = Rule(
     thresholds="both thresholds",
     read=_logits,
     first=first_alarm,
-    columns={"layer": ("layer", "{}"), "largest logit": ("logit", "{:.0f}"), "x its low": ("growth", "{:.2f}")},
-    where=lambda run, alert: {
-        "step": alert.step,
-        "layer": alert.layer,
-        "logit": alert.value,
-        "growth": _growth(run, alert),
-    },
+    layer=Column("layer", "layer", "{}"),
+    value=Column("logit", "largest logit", "{:.0f}"),
+    ratio=Column("growth", "x its low"),
+    ratio_of=_growth,
 )
 
 

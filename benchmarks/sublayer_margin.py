@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from control_margin import Rule
+from control_margin import Column, Rule
 from matched_detectors import sublayer_ratio_alerts
 
 from rksp_cli.monitors.base import Alert
@@ -47,13 +47,10 @@ RULE = Rule(
     thresholds="every threshold",
     read=_ratios,
     first=_first,
-    columns={"branch": ("branch", "{}"), "x its median": ("fold", "{:.2f}"), "x the last check": ("jump", "{:.2f}")},
-    where=lambda run, alert: {
-        "step": alert.step,
-        "branch": alert.layer,
-        "fold": alert.value,
-        "jump": _jump(run, alert),
-    },
+    layer=Column("branch", "branch", "{}"),
+    value=Column("fold", "x its median"),
+    ratio=Column("jump", "x the last check"),
+    ratio_of=_jump,
 )
 
 
