@@ -20,8 +20,8 @@ from typing import Any
 
 from control_margin import Column, Rule
 
-from rksp_cli.monitors.attention_logits import GROWTH, LAG, LEVEL, PREFIX, AttentionLogits
-from rksp_cli.monitors.base import Alert, GrowthAlarm
+from rksp_cli.monitors.attention_logits import GROWTH, LAG, LEVEL, PREFIX, AttentionLogits, growth_alarm
+from rksp_cli.monitors.base import Alert
 from rksp_cli.monitors.failures import WatchedRun
 
 
@@ -31,11 +31,10 @@ def _logits(check: dict[str, Any]) -> dict[str, float]:
 
 
 def first_alarm(run: WatchedRun, scale: float = 1.0) -> Alert | None:
-    """The first alarm of the rule with its level and growth factor times ``scale`` (1: as shipped,
-    ``attention_logits.growth_alarm``) on a saved run."""
-    rule = GrowthAlarm(
-        AttentionLogits.name, "max attention logit", scale * LEVEL, growth=scale * GROWTH, lag=LAG, warmup=LAG
-    )
+    """The first alarm of the shipped rule (``attention_logits.growth_alarm``) with its level and
+    growth factor times ``scale`` (1: as shipped) on a saved run."""
+    rule = growth_alarm(scale * GROWTH)
+    rule.level = scale * LEVEL
     for check in run.series:
         for layer, value in _logits(check).items():
             if alert := rule.update(check["step"], layer, value):
