@@ -359,6 +359,12 @@ def test_heldout_lists_the_past_horizon_files():
     assert sets == [Path(name).stem.removeprefix("monitors-past-horizon-") for name in files]
 
 
+def _share(pooled, hits: int, n: int) -> tuple[str, str]:
+    """``hits`` of ``n`` as the prose quotes it: the percentage and the 95% Wilson interval, whole."""
+    low, high = pooled.wilson(hits, n)
+    return f"{100 * hits / n:.0f}", f"{100 * low:.0f}-{100 * high:.0f}"
+
+
 def test_readme_and_heldout_lead_counts_are_the_results_files(pooled):
     """The lead bar's headline counts, in the README and again in the held-out record's summary, kept
     by hand as sets are added (the record's stood six sets stale before this test): width 64's from
@@ -369,10 +375,6 @@ def test_readme_and_heldout_lead_counts_are_the_results_files(pooled):
     def met(failure: str) -> tuple[int, int]:
         runs = _failed_runs(pooled, failure)
         return sum(bool(run["lead_bar_met"]) for run in runs), len(runs)
-
-    def share(hits: int, n: int) -> tuple[str, str]:
-        low, high = pooled.wilson(hits, n)
-        return f"{100 * hits / n:.0f}", f"{100 * low:.0f}-{100 * high:.0f}"
 
     (growth, growth_n), (low, low_n) = met("attention_logit_growth"), met("low_precision_attention")
     rows = pooled.set_rows(pooled.default_sets(), "post_ln_without_warmup")
@@ -386,7 +388,7 @@ def test_readme_and_heldout_lead_counts_are_the_results_files(pooled):
     assert newest["failed"] - newest["lead_failed"] == int(sixty[4])
     deep, deep_n = every["lead_bar_met"] + int(before[1]), every["failed"]
     watched, watched_n = newest["lead_bar_met"] + int(sixty[3]), newest["failed"]
-    (deep_pct, deep_ci), (watched_pct, watched_ci) = share(deep, deep_n), share(watched, watched_n)
+    (deep_pct, deep_ci), (watched_pct, watched_ci) = _share(pooled, deep, deep_n), _share(pooled, watched, watched_n)
     assert f"met on attention-logit growth ({growth} of {growth_n} counted), missed" in readme
     assert (
         f"low-precision attention ({low} of {low_n}), not met on deep Post-LN ({deep} of {deep_n} fresh failures, "
@@ -411,17 +413,19 @@ def test_readme_and_heldout_earliness_counts_are_the_pooled_rows(pooled):
     pooled rows' "before every tuned detector" column with its Wilson interval (one interval stood a
     point low, 92% for the table's 93%, before this test)."""
 
-    def earliest(failure: str, newest: bool = False) -> tuple[int, int, str, str]:
-        rows = pooled.set_rows(pooled.default_sets(), failure)
-        summed = pooled.pool([r for r in rows if not newest or r["first_seed"] >= pooled.SUBLAYER_FROM], "")
+    def earliest(rows: list[dict]) -> tuple[int, int, str, str]:
+        summed = pooled.pool(rows, "")
         hits, n = summed["earliest"], summed["failed"]
-        low, high = pooled.wilson(hits, n)
-        return hits, n, f"{100 * hits / n:.0f}", f"{100 * low:.0f}-{100 * high:.0f}"
+        return hits, n, *_share(pooled, hits, n)
 
-    g, gn, _, gci = earliest("attention_logit_growth")
-    lp, lpn, _, lpci = earliest("low_precision_attention")
-    d, dn, dpct, dci = earliest("post_ln_without_warmup")
-    w, wn, _, wci = earliest("post_ln_without_warmup", newest=True)
+    def rows(failure: str) -> list[dict]:
+        return pooled.set_rows(pooled.default_sets(), failure)
+
+    deep = rows("post_ln_without_warmup")
+    g, gn, _, gci = earliest(rows("attention_logit_growth"))
+    lp, lpn, _, lpci = earliest(rows("low_precision_attention"))
+    d, dn, dpct, dci = earliest(deep)
+    w, wn, _, wci = earliest([row for row in deep if row["first_seed"] >= pooled.SUBLAYER_FROM])
     assert (
         f"before every tuned detector's on {g} of {gn} attention-logit failures ({gci}%), {lp} of {lpn} "
         f"low-precision ones ({lpci}%) and {d} of {dn} deep Post-LN ones ({dci}%; {w} of {wn}, {wci}%, with "
