@@ -59,3 +59,9 @@ def benchmark_script(monkeypatch) -> Callable[[str], ModuleType]:
     their siblings, e.g. ``machine``, as they do when run)."""
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "benchmarks"))
     return importlib.import_module
+
+
+@pytest.fixture
+def step(benchmark_script) -> float:
+    """Twice the control-margin bisection's tolerance: a margin is exact to within it."""
+    return 2 * benchmark_script("control_margin").TOLERANCE

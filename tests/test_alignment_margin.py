@@ -1,9 +1,6 @@
 """How near each control came to the spectral-alignment alarm (benchmarks/alignment_margin.py)."""
 
 import math
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -11,7 +8,6 @@ from rksp_cli.monitors import spectral_alignment
 from rksp_cli.monitors.failures import WatchedRun
 from tests.fakes import saved_run
 
-ROOT = Path(__file__).resolve().parent.parent
 LAYER = "blocks.3.attn.qkv"  # fed by a LayerNorm, not by an activation: never exempt
 SPREAD, COLLAPSED = 0.95, 0.1  # sign entropies (bit) either side of the rule's lines
 
@@ -19,12 +15,6 @@ SPREAD, COLLAPSED = 0.95, 0.1  # sign entropies (bit) either side of the rule's 
 @pytest.fixture
 def margins(benchmark_script):
     return benchmark_script("alignment_margin")
-
-
-@pytest.fixture
-def step(benchmark_script):
-    """Twice the bisection's tolerance: a margin is exact to within it."""
-    return 2 * benchmark_script("control_margin").TOLERANCE
 
 
 def control(growth: float, kind: str = "control_low_lr", collapse: bool = True, seed: int = 3) -> WatchedRun:
@@ -76,11 +66,3 @@ def test_the_table_lists_controls_only_closest_first(margins):
     assert rows[0]["margin"] >= 1 > rows[1]["margin"] and rows[0]["layer"] == LAYER
     assert rows[0]["growth"] == pytest.approx(math.exp(3 * 0.3), rel=1e-6)
     assert "| post_ln_without_warmup control_low_lr 3 | " in margins.markdown(rows)
-
-
-def test_no_saved_runs_is_a_usage_error(tmp_path):
-    script = ROOT / "benchmarks" / "alignment_margin.py"
-    done = subprocess.run(
-        [sys.executable, str(script), "--seeds", "5-6", "--runs", str(tmp_path)], capture_output=True, text=True
-    )
-    assert done.returncode == 2 and "no saved runs of seeds 5-6" in done.stderr

@@ -1,16 +1,11 @@
 """How near each control came to the attention-logit growth alarm (benchmarks/logit_margin.py)."""
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from rksp_cli.monitors.attention_logits import GROWTH, LAG
 from rksp_cli.monitors.failures import WatchedRun
 from tests.fakes import saved_run
 
-ROOT = Path(__file__).resolve().parent.parent
 LAYER = "blocks.1.attn"
 WIDTH_64 = ("attention_logit_growth", "low_precision_attention")  # one control run, saved for both
 
@@ -18,12 +13,6 @@ WIDTH_64 = ("attention_logit_growth", "low_precision_attention")  # one control 
 @pytest.fixture
 def margins(benchmark_script):
     return benchmark_script("logit_margin")
-
-
-@pytest.fixture
-def step(benchmark_script):
-    """Twice the bisection's tolerance: a margin is exact to within it."""
-    return 2 * benchmark_script("control_margin").TOLERANCE
 
 
 def control(
@@ -86,11 +75,3 @@ def test_the_table_lists_controls_only_closest_first_and_a_shared_control_once(m
     assert [r["failure"] for r in rows][1:] == [" / ".join(WIDTH_64), "post_ln_without_warmup"]
     assert rows[0]["layer"] == LAYER and rows[0]["growth"] == pytest.approx(3.5, rel=0.01)
     assert "| post_ln_without_warmup control_low_lr 3 | 1.17 |" in margins.markdown(rows)
-
-
-def test_no_saved_runs_is_a_usage_error(tmp_path):
-    script = ROOT / "benchmarks" / "logit_margin.py"
-    done = subprocess.run(
-        [sys.executable, str(script), "--seeds", "5-6", "--runs", str(tmp_path)], capture_output=True, text=True
-    )
-    assert done.returncode == 2 and "no saved runs of seeds 5-6" in done.stderr

@@ -1,16 +1,11 @@
 """How near each control came to the sub-layer burst alarm (benchmarks/sublayer_margin.py)."""
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from rksp_cli.monitors.failures import WatchedRun
 from rksp_cli.monitors.sublayer_ratio import FLOOR, FOLD, JUMP, Z
 from tests.fakes import saved_run
 
-ROOT = Path(__file__).resolve().parent.parent
 BRANCH = "blocks.3.mlp"
 WIDTH_64 = ("attention_logit_growth", "low_precision_attention")  # two blocks, one shared control
 WIDTH_64_BRANCH = "blocks.1.mlp"
@@ -103,11 +98,3 @@ def test_the_summary_counts_distinct_controls_by_margin_per_failure(margins, com
     assert lines[1].startswith("post_ln_without_warmup: 3 controls;") and lines[1].endswith(">= 1: 1")
     for at in common.NEAR:
         assert f">= {at:g}: {sum(m >= at for m in near)}" in lines[1]
-
-
-def test_no_saved_runs_is_a_usage_error(tmp_path):
-    script = ROOT / "benchmarks" / "sublayer_margin.py"
-    done = subprocess.run(
-        [sys.executable, str(script), "--seeds", "5-6", "--runs", str(tmp_path)], capture_output=True, text=True
-    )
-    assert done.returncode == 2 and "no saved runs of seeds 5-6" in done.stderr
