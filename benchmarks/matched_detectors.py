@@ -172,10 +172,17 @@ def attention_entropy_alarm(
     return _first_alarm(UpdateConcentration(widths, corroborate, alone_fall), run)
 
 
+def spectral_alignment_alerts(run: WatchedRun) -> list[Alert]:
+    """Today's spectral alignment's alerts on a saved run, rescored from its logged sign entropies and
+    sigma_1 (``SignCollapse``: exact, since the rule reads nothing else) with today's exemptions
+    (margins: benchmarks/alignment_margin.py)."""
+    rule = SignCollapse(set(activation_fed(run.failure, run.kind)))
+    return rule.rescore((c["step"], c["metrics"]) for c in run.series)
+
+
 def spectral_alignment_alarm(run: WatchedRun) -> int | None:
-    """Today's spectral alignment's first alarm on a saved run, rescored from its logged sign entropies
-    and sigma_1 (``SignCollapse``: exact, since the rule reads nothing else) with today's exemptions."""
-    return _first_alarm(SignCollapse(set(activation_fed(run.failure, run.kind))), run)
+    """Today's spectral alignment's first alarm on a saved run (``spectral_alignment_alerts``)."""
+    return first_of(a.step for a in spectral_alignment_alerts(run) if a.level == "alarm")
 
 
 def sublayer_ratio_alerts(

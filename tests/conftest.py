@@ -62,6 +62,6 @@ def benchmark_script(monkeypatch) -> Callable[[str], ModuleType]:
 
 
 @pytest.fixture
-def step(benchmark_script) -> float:
+def margin_step(benchmark_script) -> float:
     """Twice the control-margin bisection's tolerance: a margin is exact to within it."""
     return 2 * benchmark_script("control_margin").TOLERANCE

@@ -44,12 +44,12 @@ def test_at_scale_one_the_replay_is_the_shipped_rule(margins, benchmark_script):
     assert spectral_alignment.GROWTH_Z == shipped
 
 
-def test_just_under_the_margin_the_scaled_rule_alarms_and_just_over_it_does_not(margins, step):
+def test_just_under_the_margin_the_scaled_rule_alarms_and_just_over_it_does_not(margins, margin_step):
     run = control(0.03)
     share, alert = margins.margin(run)
     assert 0 < share and alert is not None and alert.layer == LAYER
-    assert margins.first_alarm(run, share - step) is not None
-    assert margins.first_alarm(run, share + step) is None
+    assert margins.first_alarm(run, share - margin_step) is not None
+    assert margins.first_alarm(run, share + margin_step) is None
 
 
 def test_faster_growth_is_nearer_and_no_collapse_is_no_margin(margins):

@@ -36,19 +36,19 @@ def control(
     return saved_run(series, "attention_logits", kind, failure, seed=3)
 
 
-def test_the_margin_is_the_share_of_the_growth_threshold_a_steady_grower_reaches(margins, step):
+def test_the_margin_is_the_share_of_the_growth_threshold_a_steady_grower_reaches(margins, margin_step):
     """Logits well past the level, growing 3.5x per LAG checks: the growth test binds, at 3.5/3."""
     share, alert = margins.margin(control(3.5))
-    assert share == pytest.approx(3.5 / GROWTH, abs=step)
+    assert share == pytest.approx(3.5 / GROWTH, abs=margin_step)
     assert alert is not None and alert.layer == LAYER
 
 
-def test_just_under_the_margin_the_scaled_rule_alarms_and_just_over_it_does_not(margins, step):
+def test_just_under_the_margin_the_scaled_rule_alarms_and_just_over_it_does_not(margins, margin_step):
     run = control(2.4)
     share, _ = margins.margin(run)
     assert 0 < share < 1
-    assert margins.first_alarm(run, share - step) is not None
-    assert margins.first_alarm(run, share + step) is None
+    assert margins.first_alarm(run, share - margin_step) is not None
+    assert margins.first_alarm(run, share + margin_step) is None
 
 
 def test_at_scale_one_the_replay_is_the_shipped_rule(margins, benchmark_script):
@@ -62,10 +62,10 @@ def test_at_scale_one_the_replay_is_the_shipped_rule(margins, benchmark_script):
     assert margins.first_alarm(control(8.0)) is not None and margins.first_alarm(control(2.0)) is None
 
 
-def test_logits_that_stay_low_are_as_near_as_their_size_against_the_level(margins, step):
+def test_logits_that_stay_low_are_as_near_as_their_size_against_the_level(margins, margin_step):
     """Growing 8x but capped at 60, the level binds: 60 / 150 of it."""
     share, _ = margins.margin(control(8.0, cap=60.0))
-    assert share == pytest.approx(60.0 / 150.0, abs=step)
+    assert share == pytest.approx(60.0 / 150.0, abs=margin_step)
 
 
 def test_the_table_lists_controls_only_closest_first_and_a_shared_control_once(margins):

@@ -18,7 +18,7 @@ def margins(benchmark_script):
 
 @pytest.fixture
 def common(benchmark_script):
-    """What the margin scripts share: the bisection's tolerance and the summary."""
+    """What the margin scripts share: the summary."""
     return benchmark_script("control_margin")
 
 
@@ -42,23 +42,22 @@ def control(
     return saved_run(series, "sublayer_ratio", kind, failure, seed=3)
 
 
-def test_the_margin_is_where_the_scaled_rule_starts_to_alarm(margins, common, benchmark_script):
+def test_the_margin_is_where_the_scaled_rule_starts_to_alarm(margins, margin_step, benchmark_script):
     """Just under the margin every threshold scaled by it alarms on the run; just over it, none does."""
     sublayer_ratio_alarm = benchmark_script("matched_detectors").sublayer_ratio_alarm
     run = control(1.6)
     share, alert = margins.margin(run)
     assert 0 < share < 1 and alert is not None and alert.step == 1250 and alert.layer == BRANCH
-    step = 2 * common.TOLERANCE
-    for scale, alarms in ((share - step, True), (share + step, False)):
+    for scale, alarms in ((share - margin_step, True), (share + margin_step, False)):
         thresholds = (scale * FOLD, scale * Z, scale * JUMP)
         assert (sublayer_ratio_alarm(run, thresholds=thresholds, floor=scale * FLOOR) is not None) is alarms
 
 
-def test_a_burst_under_the_floor_is_as_near_as_its_size_against_the_floor(margins, common):
+def test_a_burst_under_the_floor_is_as_near_as_its_size_against_the_floor(margins, margin_step):
     """A 12-fold burst alarms by every other test at any scale up to 2; on a branch at 0.5% of its
     shortcut it reaches 0.0612, so its margin is that share of ``FLOOR``, under 1."""
     share, alert = margins.margin(control(12.0, level=0.005))
-    assert share == pytest.approx(0.005 * 1.02 * 12 / FLOOR, abs=2 * common.TOLERANCE)
+    assert share == pytest.approx(0.005 * 1.02 * 12 / FLOOR, abs=margin_step)
     assert alert is not None and alert.step == 1250
 
 
