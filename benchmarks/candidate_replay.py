@@ -8,6 +8,7 @@ candidate, which differ in one knob (``KNOBS``): the sub-layer rule's minimum hi
 (``--min-history``), its three thresholds together (``--sublayer-scale``) or its fold and z
 thresholds with the jump test kept (``--sublayer-fold-z-scale``), the least branch ratio at which it
 alarms (``--sublayer-floor``), the attention-logit rule's growth factor (``--logit-growth``),
+spectral alignment's growth threshold as a multiple of the shipped one (``--alignment-growth-scale``),
 whether the R-Metric's loss term scores a fall in the loss (``--r-rises-only``), how many layers
 must breach at once for the attention-entropy rule to alarm (``--ae-corroborate``), or how far one
 layer must fall to alarm without a second (``--ae-alone-fall``). It reports each control's alarm
@@ -16,7 +17,7 @@ from that monitor and each failing run's first rksp alarm, lead and lead bar und
 Replay is exact because each rule reads only each check's logged values (``SublayerBurst``: the
 branches' ratios; ``growth_alarm``: the layers' largest logits; ``RMetric``: its three components,
 and the loss at the check, which every saved run keeps; ``UpdateConcentration``: the layers'
-QK-update entropies). Every other monitor's alarms are today's
+QK-update entropies; ``SignCollapse``: the layers' sign entropies and sigma_1). Every other monitor's alarms are today's
 (``matched_detectors.monitor_alarms``), and every other setting of the knob's own rule too: a file
 written before a later change shipped can differ when rerun (those before seed 290 were replayed
 without today's sub-layer floor; only a branch under a tenth of its shortcut is affected). Seconds
@@ -51,10 +52,13 @@ replays the former rule. Stated for 274 on, after a width-64 control's sub-layer
 branch at 4% of its shortcut): no alarm from a branch under a tenth of its shortcut
 (``--sublayer-floor 0.1``, against a baseline of 0, no floor); it cost no lead bar or race over 13
 held-out deep failures and is shipped from seed 290 on (``FLOOR``): ``--sublayer-floor 0`` replays
-the former rule.
+the former rule. Stated for 482 on, after healthy Post-LN control 480's alarm (margin 1.23,
+benchmarks/alignment_margin.py): spectral alignment's growth threshold at 1.25 times the shipped
+(``--alignment-growth-scale 1.25``).
 Run: python benchmarks/candidate_replay.py --seeds 90-95 (--min-history N | --logit-growth X |
 --r-rises-only yes|no | --ae-corroborate N | --ae-alone-fall X | --sublayer-scale X |
---sublayer-fold-z-scale X | --sublayer-floor X) [--baseline VALUE] [--out FILE]
+--sublayer-fold-z-scale X | --sublayer-floor X | --alignment-growth-scale X) [--baseline VALUE]
+[--out FILE]
 """
 
 from __future__ import annotations
@@ -68,6 +72,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from alignment_margin import first_alarm as first_alignment_alarm
 from machine import cpu_model
 from matched_detectors import (
     RUNS,
@@ -90,6 +95,7 @@ from rksp_cli.monitors.attention_entropy import ALONE_FALL
 from rksp_cli.monitors.attention_logits import GROWTH
 from rksp_cli.monitors.failures import WatchedRun
 from rksp_cli.monitors.r_metric import RISES_ONLY
+from rksp_cli.monitors.spectral_alignment import GROWTH_Z
 from rksp_cli.monitors.sublayer_ratio import FLOOR, FOLD, MIN_HISTORY
 
 RULES = ("baseline", "candidate")
@@ -167,6 +173,13 @@ def _floored_sublayer(run: WatchedRun, floor: float) -> int | None:
     return sublayer_ratio_alarm(run, floor=floor)
 
 
+def _scaled_alignment(run: WatchedRun, scale: float) -> int | None:
+    """Spectral alignment with its growth threshold times ``scale``, the collapse and freshness
+    tests as shipped (1: the rule as shipped)."""
+    alert = first_alignment_alarm(run, scale)
+    return None if alert is None else alert.step
+
+
 def _yes_no(text: str) -> bool:
     if text not in ("yes", "no"):
         raise ValueError("say yes or no")
@@ -220,6 +233,10 @@ KNOBS = {
     "ae_alone_fall": Knob(
         "ae_alone_fall", "attention_entropy", ALONE_FALL, _alone_or_paired, _fraction, "alone at {:.0%}".format,
         "ae-alone-fall-",
+    ),
+    "alignment_growth_scale": Knob(
+        "alignment_growth_scale", "spectral_alignment", 1.0, _scaled_alignment, _scale, "growth z x{:g}".format,
+        "alignment-growth-scale-",
     ),
 }  # fmt: skip
 
@@ -311,6 +328,10 @@ def main() -> None:
     )
     rule.add_argument(
         "--sublayer-floor", help="the least branch/shortcut ratio at which the sub-layer rule alarms (0: none)"
+    )
+    rule.add_argument(
+        "--alignment-growth-scale",
+        help=f"spectral alignment's growth threshold as a multiple of the shipped {GROWTH_Z:g} (1)",
     )
     parser.add_argument("--baseline", help="the baseline's value of the same knob (default: the shipped one)")
     parser.add_argument("--runs", type=Path, default=RUNS, help="folder of the saved runs")

@@ -1,5 +1,7 @@
 """Stand-ins shared by the tests."""
 
+import math
+
 from rksp_cli.monitors.base import Alert
 from rksp_cli.monitors.failures import WatchedRun
 
@@ -44,3 +46,22 @@ def saved_run(
     return WatchedRun(
         failure, kind, seed, steps, losses, [1.0] * steps, exploded_step, [], [monitor], 0.1, {}, series=series
     )
+
+
+ALIGNED_LAYER = "blocks.3.attn.qkv"  # fed by a LayerNorm, not by an activation: never exempt
+SPREAD, COLLAPSED = 0.95, 0.1  # sign entropies (bit) either side of spectral alignment's lines
+
+
+def collapsing_run(growth: float, kind: str = "control_low_lr", collapse: bool = True, seed: int = 3) -> WatchedRun:
+    """A deep run watched by spectral alignment, checked every 50 steps, whose one watched layer's
+    inputs are spread for 40 checks while sigma_1 wanders (log increments of +-0.01 and a little
+    more), then, with ``collapse``, fall to one side of v1 while sigma_1 grows by ``growth`` in log a
+    check."""
+    log_sigma, series = 0.0, []
+    for i in range(60):
+        late = i >= 40
+        log_sigma += growth if late else (0.01 if i % 2 else -0.01) * (1 + (i % 5) / 10)
+        entropy = COLLAPSED if late and collapse else SPREAD
+        metrics = {f"sa_entropy/{ALIGNED_LAYER}": entropy, f"sa_sigma1/{ALIGNED_LAYER}": math.exp(log_sigma)}
+        series.append({"step": 50 * (i + 1), "metrics": metrics})
+    return saved_run(series, "spectral_alignment", kind, seed=seed)

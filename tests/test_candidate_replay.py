@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from rksp_cli.monitors.failures import WatchedRun
-from tests.fakes import saved_run
+from tests.fakes import collapsing_run, saved_run
 
 LAYER = "blocks.11.attn"  # a late attention branch of deep Post-LN's Pre-LN control
 
@@ -205,6 +205,7 @@ def test_the_alone_fall_rule_lets_only_a_deep_lone_fall_alarm(candidate):
         (["--ae-alone-fall", "x"], "--ae-alone-fall x: a fall is a fraction of the median, from 0 to 1"),
         (["--sublayer-floor", "-0.1"], "--sublayer-floor -0.1: a floor is a ratio of branch to shortcut"),
         (["--sublayer-floor", "inf"], "--sublayer-floor inf: a floor is a ratio of branch to shortcut"),
+        (["--alignment-growth-scale", "0"], "--alignment-growth-scale 0: a scale is a positive number"),
     ],
 )
 def test_bad_knob_values_are_one_line_and_exit_2(candidate, monkeypatch, capsys, args, message):
@@ -260,3 +261,19 @@ def test_the_floor_silences_a_burst_of_a_small_branch_and_keeps_a_large_one(cand
     assert replayed["candidate"]["sublayer_ratio"] == candidate.sublayer_ratio_alarm(small) == 1300
     large = candidate.replay(run("control", 20), floor, 0.1, baseline=0.0)  # 0.1 bursting to 1.0
     assert large["baseline"]["sublayer_ratio"] == large["candidate"]["sublayer_ratio"] == 1000
+
+
+def test_the_alignment_scale_withholds_growth_short_of_it_and_keeps_a_surge(candidate, benchmark_script, margin_step):
+    """A collapsed layer whose sigma_1 grew to a share s of the growth threshold alarms under the
+    threshold times just under s and not just over it (the candidate stated for 482 on is 1.25); a
+    surge alarms under both, at the same check. At the shipped 1, the replay is the monitor's."""
+    knob = candidate.KNOBS["alignment_growth_scale"]
+    shipped = benchmark_script("matched_detectors").spectral_alignment_alarm
+    slow, surge = collapsing_run(0.03), collapsing_run(0.3)
+    share, _ = benchmark_script("alignment_margin").margin(slow)
+    for r in (slow, surge):
+        assert candidate.replay(r, knob, 1.25)["baseline"]["spectral_alignment"] == shipped(r)
+    slowed = candidate.replay(slow, knob, share + margin_step, baseline=share - margin_step)
+    assert slowed["baseline"]["spectral_alignment"] is not None and slowed["candidate"]["spectral_alignment"] is None
+    surged = candidate.replay(surge, knob, 1.25)
+    assert surged["baseline"]["spectral_alignment"] == surged["candidate"]["spectral_alignment"] is not None
