@@ -104,6 +104,11 @@ def test_readme_table_is_the_benchmark_output(monkeypatch, module, printer, resu
         ("monitors-candidate-logit-growth-114-119.json", "logit_growth", "growth 2.5 / growth 3"),
         # the floor stated for 274 on, replayed on every set from 272-273 until it is judged
         *((f, "sublayer_floor", "floor 0 / floor 0.1") for f in _sets("monitors-candidate-sublayer-floor-*-*.json")),
+        # spectral alignment's growth threshold at 1.25x, stated for 482 on
+        *(
+            (f, "alignment_growth_scale", "growth z x1 / growth z x1.25")
+            for f in _sets("monitors-candidate-alignment-growth-scale-*-*.json")
+        ),
     ],
 )
 def test_readme_candidate_table_is_the_replay_s_output(monkeypatch, results, knob, rules):
