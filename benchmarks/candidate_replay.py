@@ -8,20 +8,21 @@ candidate, which differ in one knob (``KNOBS``): the sub-layer rule's minimum hi
 (``--min-history``), its three thresholds together (``--sublayer-scale``) or its fold and z
 thresholds with the jump test kept (``--sublayer-fold-z-scale``), the least branch ratio at which it
 alarms (``--sublayer-floor``), the attention-logit rule's growth factor (``--logit-growth``),
-spectral alignment's growth threshold as a multiple of the shipped one (``--alignment-growth-scale``),
-whether the R-Metric's loss term scores a fall in the loss (``--r-rises-only``), how many layers
-must breach at once for the attention-entropy rule to alarm (``--ae-corroborate``), or how far one
-layer must fall to alarm without a second (``--ae-alone-fall``). It reports each control's alarm
-from that monitor and each failing run's first rksp alarm, lead and lead bar under both.
+spectral alignment's growth threshold as a multiple of the shipped one
+(``--alignment-growth-scale``), whether the R-Metric's loss term scores a fall in the loss
+(``--r-rises-only``), how many layers must breach at once for the attention-entropy rule to alarm
+(``--ae-corroborate``), or how far one layer must fall to alarm without a second
+(``--ae-alone-fall``). It reports each control's alarm from that monitor and each failing run's
+first rksp alarm, lead and lead bar under both.
 
 Replay is exact because each rule reads only each check's logged values (``SublayerBurst``: the
 branches' ratios; ``growth_alarm``: the layers' largest logits; ``RMetric``: its three components,
 and the loss at the check, which every saved run keeps; ``UpdateConcentration``: the layers'
-QK-update entropies; ``SignCollapse``: the layers' sign entropies and sigma_1). Every other monitor's alarms are today's
-(``matched_detectors.monitor_alarms``), and every other setting of the knob's own rule too: a file
-written before a later change shipped can differ when rerun (those before seed 290 were replayed
-without today's sub-layer floor; only a branch under a tenth of its shortcut is affected). Seconds
-on one core.
+QK-update entropies; ``SignCollapse``: the layers' sign entropies and sigma_1). Every other
+monitor's alarms are today's (``matched_detectors.monitor_alarms``), and every other setting of the
+knob's own rule too: a file written before a later change shipped can differ when rerun (those
+before seed 290 were replayed without today's sub-layer floor; only a branch under a tenth of its
+shortcut is affected). Seconds on one core.
 
 Judged so far: on 2026-11-27, after Pre-LN controls 86 and 88 alarmed at step 700, 16 checks of
 history for seeds 90 on against the 10 then shipped (``--baseline 10 --min-history 16``); shipped
@@ -54,7 +55,8 @@ branch at 4% of its shortcut): no alarm from a branch under a tenth of its short
 held-out deep failures and is shipped from seed 290 on (``FLOOR``): ``--sublayer-floor 0`` replays
 the former rule. Stated for 482 on, after healthy Post-LN control 480's alarm (margin 1.23,
 benchmarks/alignment_margin.py): spectral alignment's growth threshold at 1.25 times the shipped
-(``--alignment-growth-scale 1.25``).
+(``--alignment-growth-scale 1.25``); on 482-483 it had no control alarm to remove and moved no
+first alarm.
 Run: python benchmarks/candidate_replay.py --seeds 90-95 (--min-history N | --logit-growth X |
 --r-rises-only yes|no | --ae-corroborate N | --ae-alone-fall X | --sublayer-scale X |
 --sublayer-fold-z-scale X | --sublayer-floor X | --alignment-growth-scale X) [--baseline VALUE]
