@@ -226,22 +226,22 @@ def test_readme_names_every_lead_miss_of_the_run_by_run_records(pooled):
     assert not _lead_misses(pooled, "attention_logit_growth")  # the README: the bar met on every one
 
 
-def test_readme_quiet_deep_controls_since_the_entropy_rule_are_the_pooled_sets(pooled):
-    """Since ``attention_entropy``'s lone-block rule shipped (seed 186) that monitor has alarmed on no
-    deep control (rksp as a whole has: the watchers' paragraph counts those). The README once listed
-    those sets by hand and stood three sets short; the span and the count are read here from the
-    pooled rows, and the entropy rule's silence from each set's head-to-head
-    (``monitors-postln-*.json``), which counts false alarms per monitor."""
+def test_readme_deep_control_alarms_since_the_entropy_rule_are_the_pooled_sets(pooled):
+    """How often ``attention_entropy`` has alarmed on a deep control since its lone-block rule shipped
+    (seed 186; rksp as a whole: the watchers' paragraph). The README once listed those sets by hand
+    and stood three sets short; the span and the count of controls are read here from the pooled
+    rows, and the monitor's alarms from each set's head-to-head (``monitors-postln-*.json``), which
+    counts false alarms per monitor."""
     rows = [pooled.set_row(results, "post_ln_without_warmup") for results in _comparisons(pooled)]
     since = sorted((row for row in rows if row is not None and row["first_seed"] >= 186), key=lambda r: r["first_seed"])
     controls = sum(row["controls"] for row in since)
-    assert sum(_false_alarms(pooled, row, "post_ln_without_warmup", "attention_entropy") for row in since) == 0
+    alarms = sum(_false_alarms(pooled, row, "post_ln_without_warmup", "attention_entropy") for row in since)
     assert (
         f"on the {len(since)} sets from {since[0]['seeds']} to {since[-1]['seeds']}, the first watched under it, "
-        f"it alarmed on no deep control (0 of {controls})"
+        f"it alarmed on {alarms} of {controls} deep controls"
     ) in _prose()
     last = since[-1]["seeds"].split("-")[1]
-    assert f"none of the {controls} controls of 186-{last} alarmed" in _prose(HELD_OUT)
+    assert f"under which {alarms} of the {controls} controls of 186-{last} alarmed" in _prose(HELD_OUT)
 
 
 def test_pooled_sets_name_every_held_out_comparison(pooled):
