@@ -109,6 +109,11 @@ def test_readme_table_is_the_benchmark_output(monkeypatch, module, printer, resu
             (f, "alignment_growth_scale", "growth z x1 / growth z x1.25")
             for f in _sets("monitors-candidate-alignment-growth-scale-*-*.json")
         ),
+        # attention entropy's lone fall at 15%, stated for 486 on (180-185 judged 0 against 10%)
+        *(
+            (f, "ae_alone_fall", "alone at 10% / alone at 15%")
+            for f in _sets("monitors-candidate-ae-alone-fall-*-*.json", since=486)
+        ),
     ],
 )
 def test_readme_candidate_table_is_the_replay_s_output(monkeypatch, results, knob, rules):
@@ -407,10 +412,6 @@ def test_readme_and_heldout_lead_counts_are_the_results_files(pooled):
         f"failures ({deep_pct}%; 95% Wilson interval {deep_ci}%), {watched} of the {watched_n} watched with "
         f"`sublayer_ratio` among the monitors ({watched_pct}%; {watched_ci}%"
     ) in held_out
-    # not derivable from the comparisons: the two documents at least agree
-    seeds = re.search(r"A control that failed itself \(2 of the (\d+) Pre-LN seeds with a recorded run\)", readme)
-    assert seeds, "the README no longer counts the Pre-LN seeds with a recorded run"
-    assert f"exploded on 2 of the {seeds[1]} seeds with a recorded run" in held_out
 
 
 def test_readme_and_heldout_earliness_counts_are_the_pooled_rows(pooled):
@@ -623,7 +624,7 @@ def test_pre_ln_control_count_is_the_results_files():
                     exploded[run["seed"]] = run["exploded_step"]
     assert len(seeds) >= 398  # every committed file was read
     at = ", ".join(f"{seed} at step {step}" for seed, step in sorted(exploded.items()))
-    assert f"(2 of the {len(seeds)} Pre-LN seeds with a recorded run)" in _prose() and len(exploded) == 2
+    assert f"({len(exploded)} of the {len(seeds)} Pre-LN seeds with a recorded run)" in _prose()
     assert f"exploded on {len(exploded)} of the {len(seeds)} seeds with a recorded run ({at})" in _prose(HELD_OUT)
 
 
