@@ -107,7 +107,7 @@ bench-monitors-matched: install
 # by hand beside the set is found, not trained twice), and the set's runs, twins included, are
 # packed at the end into benchmarks/results/runs/, which is committed: a fresh checkout unpacks them
 # first.
-HELD_OUT ?= 488
+HELD_OUT ?= 490
 HELD_OUT_COUNT ?= 6
 # $(call span,FIRST,COUNT): the seed range A-B of COUNT seeds from FIRST, as the results files name it
 span = $(1)-$(shell echo $$(($(1) + $(2) - 1)))

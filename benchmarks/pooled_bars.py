@@ -176,6 +176,7 @@ SETS = [
     ("monitors-matched-482-483.json", None),  # two seeds, on the same Xeon
     ("monitors-matched-484-485.json", None),  # two seeds, on the same Xeon
     ("monitors-matched-486-487.json", None),  # two seeds, on the same Xeon
+    ("monitors-matched-488-489.json", None),  # two seeds, on the same Xeon
 ]
 SUBLAYER_FROM = 60  # the first seed watched by all of today's monitors (sublayer_ratio, the newest)
 DETECTOR_NAMES = {cls.name for cls in DETECTORS}
