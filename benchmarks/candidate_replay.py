@@ -55,9 +55,10 @@ branch at 4% of its shortcut): no alarm from a branch under a tenth of its short
 held-out deep failures and is shipped from seed 290 on (``FLOOR``): ``--sublayer-floor 0`` replays
 the former rule. Stated for 482 on, after healthy Post-LN control 480's alarm (margin 1.23,
 benchmarks/alignment_margin.py): spectral alignment's growth threshold at 1.25 times the shipped
-(``--alignment-growth-scale 1.25``); on 482-485 it had no control alarm to remove and moved no first
-alarm. Stated for 486 on, after Pre-LN control 485's lone fall of about 12%: attention entropy's
-lone block alarming only past a 15% fall (``--ae-alone-fall 0.15``).
+(``--alignment-growth-scale 1.25``); on 482-489 it had no control alarm to remove and moved no first
+alarm, but moved 483's own true alarm past its failure. Stated for 486 on, after Pre-LN control
+485's lone fall of about 12%: attention entropy's lone block alarming only past a 15% fall
+(``--ae-alone-fall 0.15``); on 486-489 it had nothing to judge.
 Run: python benchmarks/candidate_replay.py --seeds 90-95 (--min-history N | --logit-growth X |
 --r-rises-only yes|no | --ae-corroborate N | --ae-alone-fall X | --sublayer-scale X |
 --sublayer-fold-z-scale X | --sublayer-floor X | --alignment-growth-scale X) [--baseline VALUE]
